@@ -1,0 +1,160 @@
+"""``dpppl.sample``: the user's entry point, shaped like ``pm.sample``."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import pymc as pm
+import xarray as xr
+
+from dpppl.accounting import Accountant, PrivacyLedger, check_epsilon_delta
+from dpppl.errors import PluginError, PluginNotFoundError, PrivacyWarning
+from dpppl.mechanism import APPROXIMATE_DP, Mechanism, PrivacyPlan, Release
+from dpppl.plugins import get_accountant, get_mechanism, provider, registry
+from dpppl.progress import Progress
+from dpppl.record_model import RecordModel, record_model
+from dpppl.results import build_result, privacy_attrs
+
+#: Slack for floating-point round-off when checking a plan against its target.
+_EPSILON_SLACK = 1e-9
+
+
+def choose_accountant(mechanism: Mechanism, name: str | None) -> Accountant:
+    """The accountant named by the user, or the mechanism's first preferred one installed."""
+    if name is not None:
+        return get_accountant(name)()
+    installed = registry().accountants
+    for preferred in mechanism.preferred_accountants:
+        if preferred in installed:
+            return installed[preferred]()
+    raise PluginNotFoundError(
+        f"mechanism {mechanism.name!r} needs one of the accountants "
+        f"{list(mechanism.preferred_accountants)}, and none is installed; installed: "
+        f"{sorted(installed) or 'none'}"
+    )
+
+
+def plan_fit(
+    mechanism: Mechanism,
+    model: RecordModel,
+    *,
+    epsilon: float,
+    delta: float,
+    accountant: str | None = None,
+) -> tuple[PrivacyPlan, Accountant]:
+    """Check the model and calibrate the mechanism, touching nothing but public metadata."""
+    epsilon, delta = check_epsilon_delta(epsilon, delta)
+    mechanism.check_model(model)
+    n_records = model.n_records
+    if delta >= 1 / n_records:
+        warnings.warn(
+            f"delta={delta:g} is not below 1/N = {1 / n_records:g}: a mechanism that publishes one "
+            "whole record at random would meet this guarantee. Use delta well below 1/N",
+            PrivacyWarning,
+            stacklevel=3,
+        )
+    chosen = choose_accountant(mechanism, accountant)
+    plan = mechanism.plan(n_records=n_records, epsilon=epsilon, delta=delta, accountant=chosen)
+    if plan.guarantee == APPROXIMATE_DP and plan.epsilon > epsilon * (1 + _EPSILON_SLACK):
+        raise PluginError(
+            f"mechanism {mechanism.name!r} planned epsilon={plan.epsilon:.6g}, above the requested "
+            f"{epsilon:g}: calibration must never overshoot"
+        )
+    return plan, chosen
+
+
+def run_mechanism(
+    mechanism: Mechanism,
+    model: RecordModel,
+    data: dict[str, np.ndarray],
+    plan: PrivacyPlan,
+    *,
+    random_seed: Any = None,
+    progressbar: bool = True,
+) -> tuple[Release, bool]:
+    """Fit ``mechanism`` on ``data``; returns the release and whether a fixed seed was used."""
+    seed = np.random.SeedSequence(random_seed)
+    release = mechanism.fit(model, data, plan, seed=seed, progress=Progress(progressbar))
+    return release, random_seed is not None
+
+
+def sample(
+    model: pm.Model | None = None,
+    *,
+    mechanism: str,
+    epsilon: float,
+    delta: float,
+    records: str | None = None,
+    accountant: str | None = None,
+    ledger: PrivacyLedger | None = None,
+    random_seed: int | np.random.SeedSequence | None = None,
+    progressbar: bool = True,
+    **options: Any,
+) -> xr.DataTree:
+    """Draw from a differentially private posterior of a PyMC model.
+
+    Used like ``pm.sample``: inside ``with model:`` or with ``model=``.  Every check (model
+    structure, data, ε, δ, options, budget) runs before the data are touched.
+
+    Parameters
+    ----------
+    model
+        The PyMC model; taken from the ``with`` context when None.
+    mechanism
+        Name of an installed mechanism plugin (``dpppl plugins`` lists them), e.g. ``"na-dpvi"``.
+    epsilon, delta
+        The privacy guarantee to meet: ε > 0, 0 < δ < 1 (and δ well below 1/N).
+    records
+        Name of the record dimension; found from the observed variables when None.
+    accountant
+        Name of an installed accountant plugin; the mechanism's preferred one when None.
+    ledger
+        A :class:`PrivacyLedger` to charge; the fit is refused if it would exceed the budget.
+    random_seed
+        Fixes every random draw, for reproducibility only: a result is private only while its
+        seed is secret, so leave it None (OS entropy) for anything you publish.
+    progressbar
+        Show progress bars on long loops.
+    **options
+        Options of the mechanism (see its documentation).
+
+    Returns
+    -------
+    xarray.DataTree
+        ``posterior`` (named and dimensioned like the model), the mechanism's released groups,
+        and the guarantee in root attributes ``dp_epsilon``, ``dp_delta``, ``dp_accountant``,
+        ``dp_neighbour_relation`` and so on; see :func:`dpppl.privacy_statement`.
+    """
+    epsilon, delta = check_epsilon_delta(epsilon, delta)
+    mechanism_obj = get_mechanism(mechanism)(**options)
+    compiled = record_model(model, records)
+    plan, chosen = plan_fit(
+        mechanism_obj, compiled, epsilon=epsilon, delta=delta, accountant=accountant
+    )
+    if ledger is not None:
+        ledger.charge(
+            plan.event, plan.relation, label=mechanism, epsilon=plan.epsilon, delta=plan.delta
+        )
+    release, seeded = run_mechanism(
+        mechanism_obj,
+        compiled,
+        compiled.data(),
+        plan,
+        random_seed=random_seed,
+        progressbar=progressbar,
+    )
+    providers = {"mechanism": provider("mechanism", mechanism)}
+    if plan.accountant is not None:
+        providers["accountant"] = provider("accountant", chosen.name)
+    attrs = privacy_attrs(
+        plan,
+        release,
+        mechanism=mechanism,
+        settings=mechanism_obj.settings(),
+        n_records=compiled.n_records,
+        seeded=seeded,
+        providers=providers,
+    )
+    return build_result(compiled, release, attrs)

@@ -1,0 +1,1 @@
+"""dpppl-dp-accounting: a dpppl plugin."""

@@ -1,0 +1,1 @@
+"""dpppl-dp-sep: a dpppl plugin."""

@@ -1,0 +1,1 @@
+"""dpppl-na-dpvi: a dpppl plugin."""

@@ -1,0 +1,1 @@
+"""dpppl-prv: a dpppl plugin."""

@@ -1,0 +1,1 @@
+"""dpppl-swag-ppm: a dpppl plugin."""

@@ -1,0 +1,1 @@
+"""Hook implementations of dpppl-swag-ppm."""
