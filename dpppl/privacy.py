@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from scipy import stats
 
 
@@ -69,13 +70,23 @@ class PoissonSampler:
 
     def sample(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Indices (capacity,) of the records in one batch, and a mask of which slots are used."""
-        if self.rate >= 1:
-            indices = jnp.arange(self.capacity)
-            return indices, indices < self.n_records
-        gaps = jax.random.geometric(key, self.rate, shape=(self.capacity,))
-        positions = jnp.cumsum(gaps) - 1
-        mask = positions < self.n_records
-        return jnp.where(mask, positions, 0), mask
+        return poisson_batch(key, self.n_records, self.rate, self.capacity)
+
+
+def poisson_batch(
+    key: jax.Array, n_records: int | jax.Array, rate: float | jax.Array, capacity: int
+) -> tuple[jax.Array, jax.Array]:
+    """One Poisson-subsampled batch as ``capacity`` indices and a mask of the used slots.
+
+    Record i is included with probability ``rate``, independently of the others: the included
+    indices are the partial sums of i.i.d. Geometric(rate) gaps that fall below ``n_records``.
+    Only a batch of more than ``capacity`` records is cut short (see :class:`PoissonSampler`).
+    """
+    # Geometric(1) is always 1, so rate = 1 takes every record, as it should.
+    gaps = jnp.where(rate >= 1, 1, jax.random.geometric(key, jnp.minimum(rate, 1.0), shape=(capacity,)))
+    positions = jnp.cumsum(gaps) - 1
+    mask = positions < n_records
+    return jnp.where(mask, positions, 0), mask
 
 
 def gather(data: Any, indices: jax.Array) -> Any:
@@ -99,3 +110,9 @@ def clip_rows(rows: jax.Array, bound: float | jax.Array) -> jax.Array:
 def gaussian_noise(key: jax.Array, shape: tuple[int, ...], std: float | jax.Array) -> jax.Array:
     """N(0, std²) noise of the given shape."""
     return std * jax.random.normal(key, shape, dtype=jnp.float64)
+
+
+def jax_key(seed: np.random.SeedSequence) -> jax.Array:
+    """A JAX PRNG key carrying 64 bits of the seed sequence's entropy."""
+    high, low = seed.generate_state(2, dtype=np.uint32)
+    return jax.random.key((int(high) << 31) ^ int(low))

@@ -192,7 +192,9 @@ class RecordModel:
             ndim_batch = rv.type.ndim - getattr(rv.owner.op, "ndim_supp", 0)
             new_size = [batch_size] + [rv.shape[i] for i in range(1, ndim_batch)]
             new_rv = change_dist_size(rv, new_size=new_size, expand=False)
-            rvs_to_values[new_rv] = replacements[model.rvs_to_values[rv]]
+            rvs_to_values[new_rv] = clone_replace(
+                model.rvs_to_values[rv], replacements, rebuild_strict=False
+            )
             rvs_to_transforms[new_rv] = None
             resized.append(new_rv)
         terms = transformed_conditional_logp(

@@ -81,7 +81,10 @@ class RecordStructure:
 def _value_of(variable: Variable) -> np.ndarray:
     if isinstance(variable, SharedVariable):
         return np.asarray(variable.get_value(borrow=True))
-    return np.asarray(variable.data)
+    if isinstance(variable, Constant):
+        return np.asarray(variable.data)
+    # An expression of data, e.g. PyMC's cast of a float pm.Data to an integer observation.
+    return np.asarray(variable.eval())
 
 
 def _leading_dim(model: pm.Model, name: str | None) -> str | None:
@@ -241,12 +244,23 @@ def find_records(model: pm.Model, records: str | None = None) -> RecordStructure
         variables.append(RecordVariable(name, var, value.shape[1:], str(value.dtype)))
     for rv in observed:
         value_var = model.rvs_to_values[rv]
-        value = _value_of(value_var)
-        name = value_var.name if isinstance(value_var, SharedVariable) and value_var.name else rv.name
-        if value_var in seen:
-            continue
-        seen.add(value_var)
-        variables.append(RecordVariable(name, value_var, value.shape[1:], str(value.dtype)))
+        roots = (
+            [value_var]
+            if value_var.owner is None
+            else [
+                v
+                for v in ancestors([value_var])
+                if isinstance(v, (SharedVariable, Constant))
+                and _is_record_array(model, v, dim, n_records)
+            ]
+        )
+        for root in roots:
+            if root in seen:
+                continue
+            seen.add(root)
+            value = _value_of(root)
+            name = root.name if isinstance(root, SharedVariable) and root.name else rv.name
+            variables.append(RecordVariable(name, root, value.shape[1:], str(value.dtype)))
     for variable in variables:
         _check_finite(variable.name, variable.value())
 

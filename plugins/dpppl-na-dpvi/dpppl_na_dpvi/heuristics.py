@@ -1,0 +1,153 @@
+"""Data-independent rules for NA-DPVI's hyperparameters: C, β, λ_c, T* and φ_0.
+
+The reference code tuned C (1.4 to 260) and the preconditioning (up to 5000) by hand for every
+model.  The rules here instead *standardise* the per-record gradients so that one clipping bound
+and one learning-rate rule fit every model.  They use only public quantities (N, d, κ, T, σ) and
+the iterates DP-SGD has already released, so choosing them costs no privacy.
+
+Standardisation.  Near the optimum of the ELBO the variance of q is about 1/(N Ī), with Ī the
+average Fisher information of a record, so
+
+* β_μ = sd · √N turns each record's μ-gradient (its score) into a quantity of unit scale per
+  coordinate whatever the model and parametrisation (sd is the current standard deviation of q,
+  read off the released u);
+* β_u = 2N does the same for the u-gradients: at the optimum a record's u-gradient is
+  (I_i/Ī − 1)/(2N) (with the antithetic Monte Carlo draws used here), so 2N brings it to unit
+  scale;
+* then C = ``CLIP_SCALE`` · √d bounds the norm of a standardised d-vector (d = 2n) with few records
+  clipped.
+
+Learning rate.  λ = λ_heur β with λ_heur = √2 λ_c / (σ C √(T d)) (eqs. A58 and H.2).  The ELBO's
+curvature in each u-coordinate is about 1/2 (exactly 1/2 in the log-variance for a Gaussian
+posterior), so the relaxation rate of u per step is r = λ_heur β_u κ / 2; λ_c is chosen to make r
+equal to ``BURN_IN_RATE`` while burning in (fast approach to the optimum) and ``FINAL_RATE``
+afterwards.  The μ-coordinates relax at about √Ī · r: all coordinates move at similar rates, which
+is what multiplying λ by β is for.
+
+Burn-in.  β_μ and λ are recomputed from the released trace every chunk of steps during the
+burn-in T* and frozen after it, so the post-processing model sees one noise level σC/β.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from dpppl.record_model import RecordModel, softplus_inverse
+
+from dpppl_na_dpvi.dpsgd import DPSGDSettings
+
+#: C = CLIP_SCALE · √d for standardised per-record gradients of dimension d.
+CLIP_SCALE = 2.0
+#: Per-step relaxation rate of the u-coordinates during the burn-in.
+BURN_IN_RATE = 0.02
+#: Per-step relaxation rate after the burn-in (the part of the trace the posterior is built on).
+FINAL_RATE = 0.002
+#: Bounds on β_μ, against a collapsed or exploding variance early in the burn-in.
+BETA_RANGE = (1e-8, 1e8)
+
+
+@dataclass
+class StandardisedSchedule:
+    """The rules above, as a schedule for :func:`dpppl_na_dpvi.dpsgd.run_dpsgd`.
+
+    Parameters
+    ----------
+    model
+        The record model (for n and N).
+    noise_multiplier, sampling_rate, steps, burn_in_steps
+        σ, κ, T and T*.
+    clipping_bound, u_preconditioning, learning_rate_scale
+        User overrides of C, β_u and λ_c (None: by rule).
+    """
+
+    model: RecordModel
+    noise_multiplier: float
+    sampling_rate: float
+    steps: int
+    burn_in_steps: int
+    clipping_bound: float | None = None
+    u_preconditioning: float | None = None
+    learning_rate_scale: float | None = None
+    last: DPSGDSettings | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        n = self.model.n_params
+        if self.clipping_bound is None:
+            self.clipping_bound = CLIP_SCALE * math.sqrt(2 * n)
+        if self.u_preconditioning is None:
+            self.u_preconditioning = 2.0 * self.model.n_records
+
+    @property
+    def init_variance(self) -> float:
+        """Variance of q at the start: 1/N, a posterior's variance at unit Fisher information."""
+        return 1.0 / self.model.n_records
+
+    def initial_phi(self) -> np.ndarray:
+        """φ_0: μ at PyMC's initial point of the model, variances :attr:`init_variance`."""
+        n = self.model.n_params
+        u0 = float(softplus_inverse(self.init_variance))
+        return np.concatenate([self.model.initial_point(), np.full(n, u0)])
+
+    def learning_rate_constant(self, progress: float) -> float:
+        """λ_c: the user's, or the one that gives the u-coordinates their target rate, annealed
+        geometrically from the burn-in rate to the final one."""
+        if self.learning_rate_scale is not None:
+            return self.learning_rate_scale
+        rate = BURN_IN_RATE * (FINAL_RATE / BURN_IN_RATE) ** progress
+        d = 2 * self.model.n_params
+        lr_heur = 2 * rate / (self.u_preconditioning * self.sampling_rate)
+        return lr_heur * self.noise_multiplier * self.clipping_bound * math.sqrt(
+            self.steps * d
+        ) / math.sqrt(2)
+
+    def restart(self, burn_in_phi: np.ndarray) -> np.ndarray:
+        """The average of the last quarter of the burn-in: closer to the optimum than any single
+        iterate, so the fixed phase starts inside the region where the gradient is linear."""
+        return burn_in_phi[-max(1, len(burn_in_phi) // 4) :].mean(axis=0)
+
+    def settings(self, recent_phi: np.ndarray, *, progress: float) -> DPSGDSettings:
+        n = self.model.n_params
+        d = 2 * n
+        u = np.mean(recent_phi[:, n:], axis=0)
+        sd = np.sqrt(np.logaddexp(0.0, u))
+        beta = np.concatenate(
+            [
+                np.clip(sd * math.sqrt(self.model.n_records), *BETA_RANGE),
+                np.full(n, self.u_preconditioning),
+            ]
+        )
+        lr_heur = (
+            math.sqrt(2)
+            * self.learning_rate_constant(progress)
+            / (self.noise_multiplier * self.clipping_bound * math.sqrt(self.steps * d))
+        )
+        self.last = DPSGDSettings(
+            clipping_bound=float(self.clipping_bound),
+            noise_multiplier=float(self.noise_multiplier),
+            preconditioner=jnp.asarray(beta),
+            learning_rate=jnp.asarray(lr_heur * beta),
+            sampling_rate=float(self.sampling_rate),
+            n_records=int(self.model.n_records),
+        )
+        return self.last
+
+    def public(self) -> dict[str, Any]:
+        """The settings of the fixed phase, as public metadata for the result."""
+        n = self.model.n_params
+        beta = np.asarray(self.last.preconditioner)
+        lr = np.asarray(self.last.learning_rate)
+        return {
+            "clipping_bound": float(self.clipping_bound),
+            "preconditioning_mu": beta[:n].tolist(),
+            "preconditioning_u": float(self.u_preconditioning),
+            "learning_rate_mu": lr[:n].tolist(),
+            "learning_rate_u": float(lr[n]),
+            "learning_rate_constant": self.learning_rate_constant(progress=1.0),
+            "burn_in_steps": self.burn_in_steps,
+            "init_variance": self.init_variance,
+        }

@@ -1,0 +1,53 @@
+"""Privacy events describe a release and survive a JSON round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpppl.events import (
+    ComposedEvent,
+    GaussianEvent,
+    PoissonSampledEvent,
+    SampledWithoutReplacementEvent,
+    SelfComposedEvent,
+    event_from_json,
+    poisson_subsampled_gaussian,
+)
+
+
+def test_events_round_trip_through_json():
+    event = ComposedEvent(
+        (
+            poisson_subsampled_gaussian(1.1, 0.01, 1000),
+            SelfComposedEvent(SampledWithoutReplacementEvent(100, 5, GaussianEvent(2.0)), 3),
+        )
+    )
+    assert event_from_json(event.to_json()) == event
+
+
+def test_the_dp_sgd_event_is_a_self_composed_poisson_sampled_gaussian():
+    assert poisson_subsampled_gaussian(1.5, 0.04, 2250) == SelfComposedEvent(
+        PoissonSampledEvent(0.04, GaussianEvent(1.5)), 2250
+    )
+    assert poisson_subsampled_gaussian(2.0, 1.0, 10) == SelfComposedEvent(GaussianEvent(2.0), 10)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: GaussianEvent(0.0), "noise_multiplier must be positive"),
+        (lambda: GaussianEvent(float("nan")), "noise_multiplier must be positive"),
+        (lambda: PoissonSampledEvent(1.5, GaussianEvent(1.0)), r"sampling_probability must be in \(0, 1\]"),
+        (lambda: SelfComposedEvent(GaussianEvent(1.0), 0), "count must be a positive integer"),
+        (lambda: SampledWithoutReplacementEvent(5, 6, GaussianEvent(1.0)), "cannot exceed"),
+        (lambda: ComposedEvent(()), "at least one event"),
+    ],
+)
+def test_invalid_events_are_refused(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_unknown_event_kinds_are_refused():
+    with pytest.raises(ValueError, match="unknown privacy event kind 'laplace'"):
+        event_from_json('{"kind": "laplace"}')

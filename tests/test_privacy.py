@@ -1,0 +1,111 @@
+"""The privacy primitives, checked statistically: sampling, clipping and noise do what the
+accounting assumes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpppl.privacy import PoissonSampler, clip_rows, gather, gaussian_noise, jax_key, poisson_batch
+
+SIGNIFICANCE = 1e-6
+
+
+def _batches(n_records, rate, capacity, count, seed=0):
+    keys = jax.random.split(jax.random.key(seed), count)
+    return jax.vmap(lambda k: poisson_batch(k, n_records, rate, capacity))(keys)
+
+
+def test_every_record_is_included_at_the_sampling_rate():
+    n, q, trials = 200, 0.1, 4000
+    indices, mask = _batches(n, q, 80, trials)
+    counts = np.zeros(n)
+    np.add.at(counts, np.asarray(indices)[np.asarray(mask)], 1)
+    # Each count is Binomial(trials, q); the sum of squared standardised counts is χ²(n).
+    z = (counts - trials * q) / np.sqrt(trials * q * (1 - q))
+    assert stats.chi2.sf(np.sum(z**2), df=n) > SIGNIFICANCE
+    assert stats.chi2.cdf(np.sum(z**2), df=n) > SIGNIFICANCE
+
+
+def test_batch_sizes_are_binomial():
+    n, q, trials = 500, 0.05, 20_000
+    _, mask = _batches(n, q, 80, trials, seed=1)
+    sizes = np.asarray(mask).sum(axis=1)
+    mean, var = n * q, n * q * (1 - q)
+    assert abs(sizes.mean() - mean) < 5 * np.sqrt(var / trials)
+    # Variance of a sample variance of a nearly normal variable: 2σ⁴/(trials − 1).
+    assert abs(sizes.var() - var) < 5 * var * np.sqrt(2 / (trials - 1))
+
+
+def test_a_batch_holds_each_record_at_most_once():
+    indices, mask = _batches(1000, 0.3, 400, 50, seed=2)
+    for row, used in zip(np.asarray(indices), np.asarray(mask), strict=True):
+        chosen = row[used]
+        assert len(np.unique(chosen)) == len(chosen)
+        assert chosen.min() >= 0 and chosen.max() < 1000
+
+
+def test_rate_one_takes_every_record():
+    indices, mask = poisson_batch(jax.random.key(0), 7, 1.0, 9)
+    assert np.asarray(indices)[np.asarray(mask)].tolist() == list(range(7))
+
+
+def test_capacity_makes_overflow_rarer_than_its_delta_share():
+    sampler = PoissonSampler.for_target(5000, 0.1, 10_000, epsilon=1.0, delta=1e-5)
+    assert sampler.overflow_probability == pytest.approx(stats.binom.sf(sampler.capacity, 5000, 0.1))
+    assert sampler.delta_cost(10_000, 1.0) <= 1e-4 * 1e-5
+    assert sampler.capacity < 5000 * 0.1 * 1.5
+    assert sampler.expected_batch_size == 500
+
+
+def test_clipped_rows_have_norm_at_most_the_bound():
+    rows = jax.random.normal(jax.random.key(3), (1000, 5)) * jnp.logspace(-3, 3, 1000)[:, None]
+    clipped = clip_rows(rows, 2.0)
+    norms = np.linalg.norm(np.asarray(clipped), axis=1)
+    assert norms.max() <= 2.0 * (1 + 1e-12)
+    small = np.linalg.norm(np.asarray(rows), axis=1) <= 2.0
+    np.testing.assert_array_equal(np.asarray(clipped)[small], np.asarray(rows)[small])
+    big = ~small
+    np.testing.assert_allclose(norms[big], 2.0)
+
+
+def test_a_huge_canary_moves_the_sum_by_at_most_the_bound():
+    rows = jnp.zeros((10, 3)).at[4].set(jnp.array([1e6, -3e7, 5e5]))
+    assert float(jnp.linalg.norm(clip_rows(rows, 1.5).sum(axis=0))) <= 1.5 * (1 + 1e-12)
+
+
+def test_rows_that_are_not_finite_contribute_nothing():
+    rows = jnp.array([[1.0, 2.0], [jnp.nan, 0.0], [jnp.inf, 1.0]])
+    np.testing.assert_array_equal(np.asarray(clip_rows(rows, 10.0))[1:], 0.0)
+
+
+def test_gaussian_noise_has_the_requested_standard_deviation():
+    std, count = 3.7, 200_000
+    noise = np.asarray(gaussian_noise(jax.random.key(4), (count,), std))
+    statistic = np.sum(noise**2) / std**2  # χ²(count) when the std is right
+    assert stats.chi2.sf(statistic, count) > SIGNIFICANCE
+    assert stats.chi2.cdf(statistic, count) > SIGNIFICANCE
+    assert abs(noise.mean()) < 5 * std / np.sqrt(count)
+
+
+def test_noise_at_the_wrong_scale_is_detected():
+    noise = np.asarray(gaussian_noise(jax.random.key(5), (200_000,), 3.7 * 0.99))
+    assert stats.chi2.cdf(np.sum(noise**2) / 3.7**2, 200_000) < SIGNIFICANCE
+
+
+def test_gather_takes_the_same_rows_of_every_array():
+    data = {"x": jnp.arange(10.0), "y": jnp.arange(20.0).reshape(10, 2)}
+    batch = gather(data, jnp.array([3, 1]))
+    assert batch["x"].tolist() == [3.0, 1.0]
+    assert batch["y"].tolist() == [[6.0, 7.0], [2.0, 3.0]]
+
+
+def test_keys_come_from_the_seed_sequence():
+    a = jax_key(np.random.SeedSequence(1))
+    b = jax_key(np.random.SeedSequence(1))
+    c = jax_key(np.random.SeedSequence(2))
+    assert jnp.array_equal(jax.random.key_data(a), jax.random.key_data(b))
+    assert not jnp.array_equal(jax.random.key_data(a), jax.random.key_data(c))

@@ -1,0 +1,152 @@
+"""``dpppl.sample`` end to end: like ``pm.sample``, refuses bad input before spending budget,
+returns an ArviZ DataTree with the guarantee attached and nothing private in it."""
+
+from __future__ import annotations
+
+import arviz as az
+import jax.monitoring
+import numpy as np
+import pymc as pm
+import pytest
+import xarray as xr
+
+import dpppl
+from dpppl import (
+    InvalidPrivacyParameterError,
+    PluginNotFoundError,
+    PrivacyBudgetExceededError,
+    PrivacyLedger,
+    PrivacyWarning,
+)
+
+#: A short NA-DPVI run: enough to exercise every step of a fit in seconds.
+FAST = {"steps": 300, "tune": 100, "draws": 100, "chains": 2, "mc_draws": 2}
+
+
+def fit(model, **kwargs):
+    options = {"mechanism": "na-dpvi", "epsilon": 1.0, "delta": 1e-5, "random_seed": 0,
+               "progressbar": False, **FAST}
+    options.update(kwargs)
+    with model:
+        return dpppl.sample(**options)
+
+
+@pytest.fixture(scope="module")
+def regression_model(model_factories):
+    """One model for the whole module, so it is compiled once."""
+    return model_factories["linear_regression"](np.random.default_rng(1))
+
+
+@pytest.fixture(scope="module")
+def logistic_result(model_factories):
+    return fit(model_factories["logistic_regression"](np.random.default_rng(3)))
+
+
+def test_posterior_is_named_and_dimensioned_like_the_model(logistic_result):
+    posterior = logistic_result.posterior
+    assert posterior["w"].dims == ("chain", "draw", "feature")
+    assert posterior["feature"].values.tolist() == ["f0", "f1", "f2"]
+    assert posterior.sizes["chain"] == 2 and posterior.sizes["draw"] == 100
+
+
+def test_arviz_summarises_the_result(logistic_result):
+    summary = az.summary(logistic_result)
+    assert list(summary.index) == ["w[f0]", "w[f1]", "w[f2]"]
+    assert np.isfinite(summary["mean"].to_numpy(dtype=float)).all()
+
+
+def test_the_guarantee_is_attached(logistic_result):
+    attrs = logistic_result.attrs
+    assert attrs["dp_mechanism"] == "na-dpvi"
+    assert 0.99 <= attrs["dp_epsilon"] <= 1.0
+    assert attrs["dp_delta"] == 1e-5
+    assert attrs["dp_neighbour_relation"] == "add_or_remove_one"
+    assert attrs["dp_accountant"] in {"pld", "rdp", "prv"}
+    assert attrs["dp_n_records"] == 40
+    statement = dpppl.privacy_statement(logistic_result)
+    assert "epsilon = " in statement and "na-dpvi" in statement
+
+
+def test_no_group_holds_data(logistic_result):
+    groups = set(logistic_result.children)
+    assert not groups & {"observed_data", "constant_data", "log_likelihood"}
+    assert "posterior" in groups
+
+
+def test_netcdf_keeps_the_guarantee_and_holds_no_data_value(tmp_path, regression_model):
+    result = fit(regression_model)
+    path = tmp_path / "result.nc"
+    result.to_netcdf(path)
+    loaded = xr.open_datatree(path)
+    for key in ("dp_epsilon", "dp_delta", "dp_accountant", "dp_event", "dp_mechanism_settings"):
+        assert loaded.attrs[key] == result.attrs[key]
+    content = path.read_bytes()
+    private = np.concatenate([v.ravel() for v in dpppl.record_model(regression_model).data().values()])
+    for value in private.astype(np.float64):
+        for order in ("<", ">"):
+            assert value.astype(f"{order}f8").tobytes() not in content
+            assert np.float32(value).astype(f"{order}f4").tobytes() not in content
+
+
+def test_a_second_fit_on_new_data_of_the_same_shape_compiles_nothing(regression_model):
+    fit(regression_model)
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None
+    )
+    with regression_model:
+        pm.set_data({"X": np.linspace(-2, 2, 40)})
+    fit(regression_model, random_seed=1)
+    assert compiles == []
+
+
+@pytest.mark.parametrize("epsilon", [0.0, -1.0, float("inf"), float("nan"), "one"])
+def test_invalid_epsilon_is_refused(regression_model, epsilon):
+    with pytest.raises(InvalidPrivacyParameterError, match="epsilon"):
+        fit(regression_model, epsilon=epsilon)
+
+
+@pytest.mark.parametrize("delta", [0.0, 1.0, 1.5, -1e-5])
+def test_invalid_delta_is_refused(regression_model, delta):
+    with pytest.raises(InvalidPrivacyParameterError, match="delta must lie strictly between 0 and 1"):
+        fit(regression_model, delta=delta)
+
+
+def test_delta_not_below_one_over_n_warns(regression_model):
+    with pytest.warns(PrivacyWarning, match="not below 1/N"):
+        fit(regression_model, delta=0.05)
+
+
+def test_unknown_mechanism_lists_the_installed_ones(regression_model):
+    with pytest.raises(PluginNotFoundError, match="no mechanism named 'magic'.*na-dpvi"):
+        fit(regression_model, mechanism="magic")
+
+
+def test_unknown_accountant_lists_the_installed_ones(regression_model):
+    with pytest.raises(PluginNotFoundError, match="no accountant named 'fourier'.*rdp"):
+        fit(regression_model, accountant="fourier")
+
+
+def test_unknown_options_are_refused_with_the_valid_ones(regression_model):
+    with pytest.raises(TypeError, match="no option.*'step_size'.*'steps'"):
+        fit(regression_model, step_size=0.1)
+
+
+def test_refusals_spend_no_budget(regression_model):
+    ledger = PrivacyLedger(epsilon=2.0, delta=1e-5)
+    with pytest.raises(InvalidPrivacyParameterError):
+        fit(regression_model, epsilon=-1.0, ledger=ledger)
+    with pytest.raises(PluginNotFoundError):
+        fit(regression_model, mechanism="magic", ledger=ledger)
+    assert ledger.entries == []
+
+
+def test_a_ledger_refuses_a_fit_over_budget_before_it_runs(regression_model):
+    ledger = PrivacyLedger(epsilon=1.2, delta=1e-5, accountant="rdp")
+    fit(regression_model, epsilon=1.0, ledger=ledger, accountant="rdp")
+    spent = ledger.spent()
+    assert 0.99 <= spent <= 1.0
+    with pytest.raises(PrivacyBudgetExceededError, match="over its budget"):
+        fit(regression_model, epsilon=1.0, ledger=ledger, accountant="rdp")
+    assert len(ledger.entries) == 1 and ledger.spent() == spent
