@@ -145,9 +145,17 @@ class Mechanism(ABC):
         return 1.0
 
     def plan(
-        self, *, n_records: int, epsilon: float, delta: float, accountant: Accountant
+        self, *, n_records: int, epsilon: float, delta: float, accountant: Accountant | None
     ) -> PrivacyPlan:
-        """Calibrate the noise so the accountant's upper bound on ε is at most ``epsilon``."""
+        """Calibrate the noise so the accountant's upper bound on ε is at most ``epsilon``.
+
+        ``accountant`` is None only for mechanisms with no preferred accountant, which must
+        override this method.
+        """
+        if accountant is None:
+            raise NotImplementedError(
+                f"mechanism {self.name!r} has no accountant and must implement plan() itself"
+            )
 
         def event_for(sigma: float) -> PrivacyEvent:
             return self.privacy_event(n_records=n_records, noise_multiplier=sigma)

@@ -113,6 +113,7 @@ def gaussian_noise(key: jax.Array, shape: tuple[int, ...], std: float | jax.Arra
 
 
 def jax_key(seed: np.random.SeedSequence) -> jax.Array:
-    """A JAX PRNG key carrying 64 bits of the seed sequence's entropy."""
-    high, low = seed.generate_state(2, dtype=np.uint32)
-    return jax.random.key((int(high) << 31) ^ int(low))
+    """A JAX (threefry) PRNG key whose 64 bits of key data come from the seed sequence."""
+    return jax.random.wrap_key_data(
+        jnp.asarray(seed.generate_state(2, dtype=np.uint32)), impl="threefry2x32"
+    )

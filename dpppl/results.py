@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -152,8 +153,9 @@ def privacy_statement(result: xr.DataTree) -> str:
         raise ValueError("this object carries no dpppl privacy metadata")
     relation = attrs["dp_neighbour_relation"].replace("_", "-")
     epsilon, delta = float(attrs["dp_epsilon"]), float(attrs["dp_delta"])
+    delta_text = f" and delta = {delta:.3g}" if math.isfinite(delta) else " (no finite-sample delta)"
     lines = [
-        f"{attrs['dp_guarantee']} with epsilon = {epsilon:.4g} and delta = {delta:.3g}, "
+        f"{attrs['dp_guarantee']} with epsilon = {epsilon:.4g}{delta_text}, "
         f"for {relation} neighbouring data sets of {int(attrs['dp_n_records'])} records.",
         f"Mechanism: {attrs['dp_mechanism']}; accountant: {attrs['dp_accountant']}"
         + (

@@ -10,7 +10,12 @@ import pymc as pm
 import xarray as xr
 
 from dpppl.accounting import Accountant, PrivacyLedger, check_epsilon_delta
-from dpppl.errors import PluginError, PluginNotFoundError, PrivacyWarning
+from dpppl.errors import (
+    InvalidPrivacyParameterError,
+    PluginError,
+    PluginNotFoundError,
+    PrivacyWarning,
+)
 from dpppl.mechanism import APPROXIMATE_DP, Mechanism, PrivacyPlan, Release
 from dpppl.plugins import get_accountant, get_mechanism, provider, registry
 from dpppl.progress import Progress
@@ -21,8 +26,16 @@ from dpppl.results import build_result, privacy_attrs
 _EPSILON_SLACK = 1e-9
 
 
-def choose_accountant(mechanism: Mechanism, name: str | None) -> Accountant:
-    """The accountant named by the user, or the mechanism's first preferred one installed."""
+def choose_accountant(mechanism: Mechanism, name: str | None) -> Accountant | None:
+    """The accountant named by the user, or the mechanism's first preferred one installed; None
+    for a mechanism that uses no accountant (its guarantee is of another kind)."""
+    if not mechanism.preferred_accountants:
+        if name is not None:
+            raise InvalidPrivacyParameterError(
+                f"mechanism {mechanism.name!r} uses no accountant (its guarantee is of another "
+                f"kind), so accountant={name!r} would be ignored; leave it out"
+            )
+        return None
     if name is not None:
         return get_accountant(name)()
     installed = registry().accountants
@@ -43,7 +56,7 @@ def plan_fit(
     epsilon: float,
     delta: float,
     accountant: str | None = None,
-) -> tuple[PrivacyPlan, Accountant]:
+) -> tuple[PrivacyPlan, Accountant | None]:
     """Check the model and calibrate the mechanism, touching nothing but public metadata."""
     epsilon, delta = check_epsilon_delta(epsilon, delta)
     mechanism.check_model(model)
