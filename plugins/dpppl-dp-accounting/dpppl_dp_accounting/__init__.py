@@ -1,1 +1,1 @@
-"""dpppl-dp-accounting: a dpppl plugin."""
+"""dpppl-dp-accounting: the ``rdp`` and ``pld`` privacy accountants, on Google's dp_accounting."""

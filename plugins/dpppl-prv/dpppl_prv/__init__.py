@@ -1,1 +1,1 @@
-"""dpppl-prv: a dpppl plugin."""
+"""dpppl-prv: the ``prv`` privacy accountant, on Microsoft's prv-accountant."""
