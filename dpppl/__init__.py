@@ -7,7 +7,8 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from dpppl.accounting import Accountant, PrivacyLedger, calibrate_noise_multiplier
+from dpppl.accounting import Accountant, PrivacyLedger
+from dpppl.calibration import calibrate_noise_multiplier
 from dpppl.errors import (
     DPPPLError,
     InvalidDataError,

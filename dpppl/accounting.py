@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dpppl.calibration import calibrate_noise_multiplier
 from dpppl.errors import (
     InvalidPrivacyParameterError,
     PrivacyBudgetExceededError,
@@ -22,10 +23,6 @@ from dpppl.errors import (
 )
 from dpppl.events import ComposedEvent, NeighbourRelation, PrivacyEvent, event_from_dict
 
-#: Calibration stops once ε(σ) lies in [(1 - CALIBRATION_RTOL) · target, target].
-CALIBRATION_RTOL = 0.01
-#: Above this noise multiplier a target is declared unreachable.
-MAX_NOISE_MULTIPLIER = 1e6
 
 
 def check_epsilon_delta(epsilon: float, delta: float) -> tuple[float, float]:
@@ -66,9 +63,10 @@ class Accountant(ABC):
 
     Subclasses set :attr:`name` (the string users pass as ``accountant=``) and implement
     :meth:`check`, :meth:`epsilon` and :meth:`delta`.  :meth:`noise_multiplier` has a generic
-    implementation by bracketing and bisection on ε, which a plugin may replace by a faster one
-    as long as it keeps the contract: the returned σ satisfies ``epsilon(σ) <= target`` and lies
-    within :data:`CALIBRATION_RTOL` of it.
+    implementation (:func:`dpppl.calibration.calibrate_noise_multiplier`, safeguarded secant
+    steps on log ε), which a plugin may replace by a faster one as long as it keeps the contract:
+    the returned σ satisfies ``epsilon(σ) <= target`` and lies within
+    :data:`~dpppl.calibration.CALIBRATION_RTOL` of it.
     """
 
     name: ClassVar[str]
@@ -115,70 +113,6 @@ class Accountant(ABC):
             epsilon,
             initial=initial,
         )
-
-
-def calibrate_noise_multiplier(
-    epsilon_of: Callable[[float], float],
-    target: float,
-    *,
-    initial: float = 1.0,
-    rtol: float = CALIBRATION_RTOL,
-    max_noise_multiplier: float = MAX_NOISE_MULTIPLIER,
-) -> float:
-    """Smallest-enough σ with ``target·(1 - rtol) <= epsilon_of(σ) <= target``.
-
-    ``epsilon_of`` must decrease in σ.  The search expands a bracket geometrically from
-    ``initial`` and then bisects on log σ.  The answer is always taken from the side of the bracket
-    where ε is at most the target, so it never overshoots even when the tolerance is not reached.
-
-    Raises
-    ------
-    InvalidPrivacyParameterError
-        If even ``max_noise_multiplier`` does not reach the target.
-    """
-    if not 0 < rtol < 1:
-        raise ValueError(f"rtol must be in (0, 1), got {rtol}")
-    lo, hi = None, None  # eps(lo) > target >= eps(hi)
-    sigma = float(initial)
-    eps = epsilon_of(sigma)
-    if eps <= target:
-        hi, eps_hi = sigma, eps
-        if eps_hi >= (1 - rtol) * target:
-            return hi
-        while True:
-            sigma /= 2
-            eps = epsilon_of(sigma)
-            if eps > target:
-                lo = sigma
-                break
-            hi, eps_hi = sigma, eps
-            if eps_hi >= (1 - rtol) * target:
-                return hi
-    else:
-        lo = sigma
-        while True:
-            sigma *= 2
-            if sigma > max_noise_multiplier:
-                raise InvalidPrivacyParameterError(
-                    f"no noise multiplier up to {max_noise_multiplier:g} reaches epsilon={target:g}: "
-                    "the target is too small for this many steps and this sampling rate; "
-                    "raise epsilon, lower the number of steps or the sampling rate"
-                )
-            eps = epsilon_of(sigma)
-            if eps <= target:
-                hi, eps_hi = sigma, eps
-                break
-            lo = sigma
-    for _ in range(100):
-        if eps_hi >= (1 - rtol) * target:
-            break
-        mid = math.sqrt(lo * hi)
-        eps = epsilon_of(mid)
-        if eps <= target:
-            hi, eps_hi = mid, eps
-        else:
-            lo = mid
-    return hi
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from dpppl.accounting import PrivacyLedger, calibrate_noise_multiplier
+from dpppl.accounting import PrivacyLedger
+from dpppl.calibration import calibrate_noise_multiplier
 from dpppl.errors import InvalidPrivacyParameterError, PrivacyBudgetExceededError
 from dpppl.events import (
     ComposedEvent,

@@ -10,7 +10,7 @@ from dpppl.accounting import check_epsilon_delta
 from dpppl.events import NeighbourRelation, PrivacyEvent
 
 from dpppl_dp_accounting.base import DpAccountingAccountant, check_delta, check_epsilon
-from dpppl_dp_accounting.calibration import find_noise_multiplier
+from dpppl.calibration import calibrate_noise_multiplier
 from dpppl_dp_accounting.rdp import RdpAccountant
 from dpppl_dp_accounting.translation import neighboring_relation
 
@@ -95,7 +95,7 @@ class PldAccountant(DpAccountingAccountant):
         start = RdpAccountant().noise_multiplier(
             event_for, epsilon=epsilon, delta=delta, relation=relation, initial=initial
         )
-        return find_noise_multiplier(
+        return calibrate_noise_multiplier(
             lambda sigma: self.epsilon(event_for(sigma), delta=delta, relation=relation),
             epsilon,
             initial=start,

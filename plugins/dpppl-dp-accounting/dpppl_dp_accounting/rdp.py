@@ -11,7 +11,7 @@ from dpppl.accounting import check_epsilon_delta
 from dpppl.events import NeighbourRelation, PrivacyEvent
 
 from dpppl_dp_accounting.base import DpAccountingAccountant, check_delta, check_epsilon
-from dpppl_dp_accounting.calibration import find_noise_multiplier
+from dpppl.calibration import calibrate_noise_multiplier
 from dpppl_dp_accounting.translation import neighboring_relation
 
 #: RDP orders: dp_accounting's defaults with the gap between 64 and 1024 filled geometrically
@@ -78,7 +78,7 @@ class RdpAccountant(DpAccountingAccountant):
     ) -> float:
         epsilon, delta = check_epsilon_delta(epsilon, delta)
         self.check(event_for(initial), relation)
-        return find_noise_multiplier(
+        return calibrate_noise_multiplier(
             lambda sigma: self.epsilon(event_for(sigma), delta=delta, relation=relation),
             epsilon,
             initial=initial,

@@ -8,7 +8,7 @@ from functools import lru_cache
 from dpppl.accounting import Accountant, check_epsilon_delta
 from dpppl.events import NeighbourRelation, PrivacyEvent
 from dpppl_dp_accounting.base import check_delta, check_epsilon
-from dpppl_dp_accounting.calibration import find_noise_multiplier
+from dpppl.calibration import calibrate_noise_multiplier
 from dpppl_dp_accounting.rdp import RdpAccountant
 
 from dpppl_prv.bounds import delta_upper_bound, epsilon_bounds
@@ -137,13 +137,13 @@ class PrvAccountant(Accountant):
         def predicted(sigma: float) -> float:
             return predicted_upper_epsilon(composition_of(event_for(sigma), relation), delta)
 
-        guess = find_noise_multiplier(
+        guess = calibrate_noise_multiplier(
             predicted,
             PREDICTED_TARGET * epsilon,
             initial=start,
             rtol=PREDICTED_RTOL,
         )
-        return find_noise_multiplier(
+        return calibrate_noise_multiplier(
             lambda sigma: upper_epsilon(composition_of(event_for(sigma), relation), delta),
             epsilon,
             initial=guess,

@@ -11,8 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from dpppl.accounting import CALIBRATION_RTOL, MAX_NOISE_MULTIPLIER
 from dpppl.errors import InvalidPrivacyParameterError
+
+#: Calibration stops once ε(σ) lies in [(1 - CALIBRATION_RTOL) · target, target].
+CALIBRATION_RTOL = 0.01
+#: Above this noise multiplier a target is declared unreachable.
+MAX_NOISE_MULTIPLIER = 1e6
 
 #: Largest factor by which one step may change σ before ε has been seen on both sides of the target.
 MAX_STEP_FACTOR = 1e3
@@ -24,11 +28,11 @@ MAX_EVALUATIONS = 100
 SIGMA_RTOL = 1e-9
 
 
-def find_noise_multiplier(
+def calibrate_noise_multiplier(
     epsilon_of: Callable[[float], float],
     target: float,
     *,
-    initial: float,
+    initial: float = 1.0,
     rtol: float = CALIBRATION_RTOL,
     max_noise_multiplier: float = MAX_NOISE_MULTIPLIER,
 ) -> float:

@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dpppl.errors import InvalidPrivacyParameterError
-from dpppl_dp_accounting.calibration import find_noise_multiplier
+from dpppl.calibration import calibrate_noise_multiplier
 
 
 class Counted:
@@ -33,7 +33,7 @@ class Counted:
 def test_result_lies_in_the_band_below_the_target(scale, power, target, initial):
     assume((scale / target) ** (1 / power) < 1e5)  # reachable below the largest noise multiplier
     epsilon_of = Counted(scale, power)
-    sigma = find_noise_multiplier(epsilon_of, target, initial=initial)
+    sigma = calibrate_noise_multiplier(epsilon_of, target, initial=initial)
     assert 0.99 * target <= epsilon_of(sigma) <= target
 
 
@@ -42,19 +42,19 @@ def test_result_lies_in_the_band_below_the_target(scale, power, target, initial)
 def test_a_power_law_takes_a_handful_of_calls_from_a_guess_a_thousand_times_off(power, off_by):
     target, answer = 0.1, 300.0
     epsilon_of = Counted(scale=target * answer**power, power=power)
-    find_noise_multiplier(epsilon_of, target, initial=answer * off_by)
+    calibrate_noise_multiplier(epsilon_of, target, initial=answer * off_by)
     assert epsilon_of.calls <= 8
 
 
 def test_an_answer_just_below_the_largest_noise_multiplier_is_found():
     epsilon_of = Counted(scale=0.999e6, power=1.0)
-    sigma = find_noise_multiplier(epsilon_of, 1.0, initial=1.0, max_noise_multiplier=1e6)
+    sigma = calibrate_noise_multiplier(epsilon_of, 1.0, initial=1.0, max_noise_multiplier=1e6)
     assert 0.99 <= epsilon_of(sigma) <= 1.0
 
 
 def test_a_close_guess_is_accepted_at_once():
     epsilon_of = Counted(scale=10.0, power=1.0)
-    assert find_noise_multiplier(epsilon_of, 1.0, initial=10.05) == 10.05
+    assert calibrate_noise_multiplier(epsilon_of, 1.0, initial=10.05) == 10.05
     assert epsilon_of.calls == 1
 
 
@@ -62,7 +62,7 @@ def test_infinite_epsilon_at_small_noise_is_stepped_over():
     def epsilon_of(sigma: float) -> float:
         return math.inf if sigma < 5 else 50 / sigma
 
-    sigma = find_noise_multiplier(epsilon_of, 1.0, initial=0.1)
+    sigma = calibrate_noise_multiplier(epsilon_of, 1.0, initial=0.1)
     assert 0.99 <= epsilon_of(sigma) <= 1.0
 
 
@@ -72,17 +72,17 @@ def test_a_staircase_that_skips_the_band_returns_the_best_point_below_the_target
     def epsilon_of(sigma: float) -> float:
         return 1.2 if sigma < 3 else 0.5
 
-    sigma = find_noise_multiplier(epsilon_of, 1.0, initial=1.0)
+    sigma = calibrate_noise_multiplier(epsilon_of, 1.0, initial=1.0)
     assert epsilon_of(sigma) == 0.5
     assert sigma == pytest.approx(3.0, rel=1e-6)
 
 
 def test_an_unreachable_target_is_refused_with_a_reason():
     with pytest.raises(InvalidPrivacyParameterError, match="too small"):
-        find_noise_multiplier(lambda sigma: 0.5 + 1 / sigma, 0.4, initial=1.0)
+        calibrate_noise_multiplier(lambda sigma: 0.5 + 1 / sigma, 0.4, initial=1.0)
 
 
 @pytest.mark.parametrize("initial", [0.0, -1.0, math.inf, math.nan])
 def test_a_guess_that_is_not_a_positive_number_is_refused(initial):
     with pytest.raises(ValueError, match="initial"):
-        find_noise_multiplier(lambda sigma: 1 / sigma, 1.0, initial=initial)
+        calibrate_noise_multiplier(lambda sigma: 1 / sigma, 1.0, initial=initial)
