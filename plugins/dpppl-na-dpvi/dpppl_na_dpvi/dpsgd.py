@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpppl.privacy import clip_rows, gather, poisson_batch
+from dpppl.privacy import clip_rows, gather, gaussian_noise, poisson_batch
 from dpppl.progress import Progress
 from dpppl.record_model import RecordModel, per_example_grad
 
@@ -40,7 +40,8 @@ class Trace:
     noisy_grad: np.ndarray  # (T, d)
 
 
-def _step_function(model: RecordModel, capacity: int, mc_draws: int):
+def make_step(model: RecordModel, capacity: int, mc_draws: int):
+    """One DP-SGD step ``step(phi, key, data, settings) -> (new_phi, (phi, noisy_grad))``."""
     grads = per_example_grad(model.elbo_loss, n_args=2)
     n = model.n_params
 
@@ -57,8 +58,8 @@ def _step_function(model: RecordModel, capacity: int, mc_draws: int):
         per_record = grads(phi, batch, eps, settings.n_records)
         clipped = clip_rows(per_record * settings.preconditioner, settings.clipping_bound)
         summed = jnp.sum(clipped * mask[:, None], axis=0)
-        noise = settings.noise_multiplier * settings.clipping_bound * jax.random.normal(
-            key_noise, summed.shape, dtype=phi.dtype
+        noise = gaussian_noise(
+            key_noise, summed.shape, settings.noise_multiplier * settings.clipping_bound
         )
         noisy_grad = (summed + noise) / settings.preconditioner
         return phi - settings.learning_rate * noisy_grad, (phi, noisy_grad)
@@ -67,7 +68,7 @@ def _step_function(model: RecordModel, capacity: int, mc_draws: int):
 
 
 def _chunk_runner(model: RecordModel, capacity: int, mc_draws: int, chunk: int):
-    step = _step_function(model, capacity, mc_draws)
+    step = make_step(model, capacity, mc_draws)
 
     @jax.jit
     def run(phi, key, data, settings):

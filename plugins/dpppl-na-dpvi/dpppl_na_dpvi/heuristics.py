@@ -42,7 +42,7 @@ from dpppl.record_model import RecordModel, softplus_inverse
 from dpppl_na_dpvi.dpsgd import DPSGDSettings
 
 #: C = CLIP_SCALE · √d for standardised per-record gradients of dimension d.
-CLIP_SCALE = 2.0
+CLIP_SCALE = 3.5
 #: Per-step relaxation rate of the u-coordinates during the burn-in.
 BURN_IN_RATE = 0.02
 #: Per-step relaxation rate after the burn-in (the part of the trace the posterior is built on).

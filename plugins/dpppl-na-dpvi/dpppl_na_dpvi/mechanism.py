@@ -27,6 +27,8 @@ from dpppl.record_model import RecordModel
 from dpppl_na_dpvi.dpsgd import DPSGDSettings, Trace, run_dpsgd
 from dpppl_na_dpvi.heuristics import StandardisedSchedule
 from dpppl_na_dpvi.postprocess import (
+    MAX_FULL_CURVATURE,
+    ModelStructure,
     PostProcessingDraws,
     TraceStatistics,
     sample_laplace,
@@ -70,6 +72,14 @@ class NADPVI(Mechanism):
         chains × draws θ draws, one from q(θ; φ*) per draw of φ*.
     subsampling_noise
         Model the subsampling noise Σ_sub too (paper: off, the DP noise dominates).
+    curvature_prior
+        Prior of the curvature A: ``"structural"`` (default; centred on the curvature the
+        mean-field ELBO has at its optimum) or ``"trace"`` (the paper's Appendix H.3: centred on
+        the least-squares slope of the trace).
+    curvature
+        ``"full"``: a full curvature matrix for the μ-coordinates (needed when the posterior is
+        correlated); ``"diagonal"``: the paper's diagonal A; ``"auto"`` (default): full for 2 to
+        30 model parameters.
     """
 
     name = "na-dpvi"
@@ -90,6 +100,8 @@ class NADPVI(Mechanism):
         draws: int = 4000
         chains: int = 2
         subsampling_noise: bool = False
+        curvature_prior: Literal["structural", "trace"] = "structural"
+        curvature: Literal["auto", "full", "diagonal"] = "auto"
 
         def __post_init__(self) -> None:
             for name in ("steps", "mc_draws", "tune", "draws", "chains"):
@@ -111,6 +123,16 @@ class NADPVI(Mechanism):
             if self.posterior not in ("noise-aware", "naive"):
                 raise ValueError(
                     f"na-dpvi option posterior must be 'noise-aware' or 'naive', got {self.posterior!r}"
+                )
+            if self.curvature_prior not in ("structural", "trace"):
+                raise ValueError(
+                    "na-dpvi option curvature_prior must be 'structural' or 'trace', got "
+                    f"{self.curvature_prior!r}"
+                )
+            if self.curvature not in ("auto", "full", "diagonal"):
+                raise ValueError(
+                    "na-dpvi option curvature must be 'auto', 'full' or 'diagonal', got "
+                    f"{self.curvature!r}"
                 )
             if self.inference not in ("nuts", "laplace"):
                 raise ValueError(
@@ -230,17 +252,22 @@ class NADPVI(Mechanism):
             noise_std=settings.noise_multiplier * bound / beta,
             rate=o.sampling_rate,
             subsampling_scale=subsampling_scale,
+            curvature_prior=o.curvature_prior,
         )
+        full = o.curvature == "full" or (
+            o.curvature == "auto" and 2 <= model.n_params <= MAX_FULL_CURVATURE
+        )
+        structure = ModelStructure(full_curvature=full, subsampling=o.subsampling_noise)
         with progress.task(f"noise-aware posterior ({o.inference})", total=1) as bar:
             if o.inference == "nuts":
                 post = sample_nuts(
                     stats, key, tune=o.tune, draws=o.draws, chains=o.chains,
-                    subsampling=o.subsampling_noise, cache=model.cached,
+                    structure=structure, cache=model.cached,
                 )
             else:
                 post = sample_laplace(
                     stats, key, draws=o.draws, chains=o.chains,
-                    subsampling=o.subsampling_noise, cache=model.cached,
+                    structure=structure, cache=model.cached,
                 )
             bar.advance(1)
         diverging = int(post.sample_stats.get("diverging", np.zeros(1)).sum())
@@ -284,9 +311,9 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
     posterior = xr.Dataset(
         {
             "phi_star": (("chain", "draw", "vi_param"), post.phi_star),
-            "A": (("chain", "draw", "vi_param"), post.a),
+            "A": (("chain", "draw", "vi_param", "vi_param_bis"), post.a),
         },
-        coords=coords,
+        coords={**coords, "vi_param_bis": labels},
         attrs={"description": "posterior of the post-processing model: optimum phi* and "
                "diagonal curvature A of the variational objective"},
     )

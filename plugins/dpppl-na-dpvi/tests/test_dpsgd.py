@@ -1,0 +1,111 @@
+"""One DP-SGD step of DPVI bounds each record's contribution and adds the declared noise."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pymc as pm
+import pytest
+from scipy import stats
+
+from dpppl.record_model import record_model
+from dpppl_na_dpvi.dpsgd import DPSGDSettings, make_step
+
+SIGNIFICANCE = 1e-6
+
+
+@pytest.fixture(scope="module")
+def model():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=50)
+    with pm.Model() as m:
+        X = pm.Data("X", x)
+        a = pm.Normal("a", 0, 5)
+        sigma = pm.HalfNormal("sigma", 1)
+        pm.Normal("y", a * X, sigma, observed=3 * x + rng.normal(size=50))
+    return record_model(m)
+
+
+def settings(model, *, sigma, bound, rate=1.0, beta=None, lr=0.0):
+    d = 2 * model.n_params
+    return DPSGDSettings(
+        clipping_bound=bound,
+        noise_multiplier=sigma,
+        preconditioner=jnp.ones(d) if beta is None else jnp.asarray(beta),
+        learning_rate=jnp.full(d, lr),
+        sampling_rate=rate,
+        n_records=model.n_records,
+    )
+
+
+def far_phi(model):
+    # Far from the optimum: every per-record gradient is much larger than the bound.
+    return jnp.concatenate([jnp.full(model.n_params, 40.0), jnp.full(model.n_params, 3.0)])
+
+
+def test_one_record_moves_the_noise_free_sum_by_at_most_the_bound(model):
+    step = jax.jit(make_step(model, capacity=1, mc_draws=4))
+    data = {k: jnp.asarray(v[:1]) for k, v in model.data().items()}
+    beta = jnp.array([1.0, 1.0, 50.0, 50.0])
+    for seed in range(20):
+        _, (_, grad) = step(far_phi(model), jax.random.key(seed), data,
+                            settings(model, sigma=0.0, bound=0.7, beta=beta))
+        assert float(jnp.linalg.norm(grad * beta)) <= 0.7 * (1 + 1e-12)
+
+
+def test_the_batch_sum_is_bounded_by_the_bound_times_the_batch_size(model):
+    step = jax.jit(make_step(model, capacity=50, mc_draws=4))
+    data = {k: jnp.asarray(v) for k, v in model.data().items()}
+    _, (_, grad) = step(far_phi(model), jax.random.key(1), data,
+                        settings(model, sigma=0.0, bound=0.5))
+    # Far from the optimum all records push the same way, so the clipped sum is nearly 50 · C.
+    assert 0.9 * 25 <= float(jnp.linalg.norm(grad)) <= 25 * (1 + 1e-12)
+
+
+def test_the_injected_noise_has_standard_deviation_sigma_times_c(model):
+    step = jax.jit(make_step(model, capacity=64, mc_draws=4))
+    data = {k: jnp.asarray(v) for k, v in model.data().items()}
+    phi = far_phi(model)
+    beta = jnp.array([1.0, 2.0, 30.0, 30.0])
+    sigma, bound = 3.0, 0.8
+    noise = []
+    for seed in range(3000):
+        key = jax.random.key(seed)
+        # The same key draws the same batch and Monte Carlo draws: the difference is the noise.
+        _, (_, noisy) = step(phi, key, data, settings(model, sigma=sigma, bound=bound, rate=0.3, beta=beta))
+        _, (_, clean) = step(phi, key, data, settings(model, sigma=0.0, bound=bound, rate=0.3, beta=beta))
+        noise.append(np.asarray((noisy - clean) * beta))
+    noise = np.concatenate(noise)
+    statistic = np.sum(noise**2) / (sigma * bound) ** 2
+    assert stats.chi2.sf(statistic, noise.size) > SIGNIFICANCE
+    assert stats.chi2.cdf(statistic, noise.size) > SIGNIFICANCE
+
+
+def test_records_are_included_at_the_sampling_rate(model):
+    """With zero noise and the gradient of one record known, the noise-free sum counts records."""
+    rng = np.random.default_rng(5)
+    n = model.n_records
+    # Identical records: every included record contributes the same clipped vector.
+    data = {k: jnp.asarray(np.repeat(v[:1], n, axis=0)) for k, v in model.data().items()}
+    step = jax.jit(make_step(model, capacity=n, mc_draws=2))
+    one = step(far_phi(model), jax.random.key(0),
+               {k: v[:1] for k, v in data.items()},
+               DPSGDSettings(0.5, 0.0, jnp.ones(4), jnp.zeros(4), 1.0, 1))[1][1]
+    counts = []
+    for seed in rng.integers(0, 2**31, size=400):
+        _, (_, grad) = step(far_phi(model), jax.random.key(int(seed)), data,
+                            settings(model, sigma=0.0, bound=0.5, rate=0.2))
+        counts.append(float(jnp.linalg.norm(grad) / jnp.linalg.norm(one)))
+    counts = np.rint(counts)
+    assert abs(counts.mean() - 0.2 * n) < 5 * np.sqrt(0.2 * 0.8 * n / len(counts))
+
+
+def test_the_update_is_minus_learning_rate_times_the_noisy_gradient(model):
+    step = jax.jit(make_step(model, capacity=50, mc_draws=2))
+    data = {k: jnp.asarray(v) for k, v in model.data().items()}
+    phi = far_phi(model)
+    new_phi, (old_phi, grad) = step(phi, jax.random.key(2), data,
+                                    settings(model, sigma=1.0, bound=1.0, lr=0.01))
+    np.testing.assert_allclose(old_phi, phi)
+    np.testing.assert_allclose(new_phi, phi - 0.01 * grad)

@@ -1,0 +1,114 @@
+"""The NA-DPVI mechanism through dpppl.sample: its plan, its release and its options."""
+
+from __future__ import annotations
+
+import jax.monitoring
+import numpy as np
+import pymc as pm
+import pytest
+
+import dpppl
+from dpppl.events import poisson_subsampled_gaussian
+from dpppl.plugins import get_accountant, get_mechanism
+from dpppl.testing import example_models
+
+FAST = {"steps": 300, "tune": 100, "draws": 100, "chains": 2, "mc_draws": 2}
+
+
+@pytest.fixture(scope="module")
+def model():
+    rng = np.random.default_rng(0)
+    with pm.Model(coords={"obs": range(200)}) as m:
+        p = pm.Beta("p", 1, 1)
+        pm.Bernoulli("y", p=p, observed=rng.binomial(1, 0.3, 200), dims="obs")
+    return m
+
+
+def sample(model, **options):
+    settings = {"mechanism": "na-dpvi", "epsilon": 1.0, "delta": 1e-5, "random_seed": 0,
+                "progressbar": False, **FAST, **options}
+    with model:
+        return dpppl.sample(**settings)
+
+
+def test_the_plan_is_the_dp_sgd_event_calibrated_below_target():
+    mechanism = get_mechanism("na-dpvi")(steps=1000, sampling_rate=0.05)
+    accountant = get_accountant("rdp")()
+    plan = mechanism.plan(n_records=2000, epsilon=0.5, delta=1e-5, accountant=accountant)
+    assert plan.event == poisson_subsampled_gaussian(plan.noise_multiplier, 0.05, 1000)
+    assert 0.99 * 0.5 <= plan.epsilon <= 0.5
+    # The fixed batch shape costs a sliver of δ; the accountant gets the rest.
+    details = plan.details
+    assert details["accountant_delta"] + details["truncation_delta"] <= 1e-5
+    assert details["truncation_delta"] <= 1e-4 * 1e-5
+    assert accountant.epsilon(plan.event, delta=details["accountant_delta"],
+                              relation=plan.relation) <= 0.5
+
+
+def test_the_result_holds_the_trace_and_the_post_processing_posterior(model):
+    result = sample(model)
+    assert set(result.children) == {
+        "posterior", "dpvi_trace", "postprocessing_posterior", "postprocessing_sample_stats"
+    }
+    trace = result["dpvi_trace"]
+    assert trace["phi"].shape == (301, 2) and trace["noisy_grad"].shape == (300, 2)
+    curvature = result["postprocessing_posterior"]["A"].values
+    assert curvature.shape == (2, 100, 2, 2)
+    assert (np.diagonal(curvature, axis1=2, axis2=3) > 0).all()
+    p = result.posterior["p"].values
+    assert p.shape == (2, 100) and ((p > 0) & (p < 1)).all()
+
+
+def test_the_naive_posterior_is_the_last_iterate(model):
+    result = sample(model, posterior="naive")
+    assert "postprocessing_posterior" not in result.children
+    last = result["dpvi_trace"]["phi"].values[-1]
+    logit = np.log(result.posterior["p"].values / (1 - result.posterior["p"].values))
+    assert abs(logit.mean() - last[0]) < 4 * np.sqrt(np.log1p(np.exp(last[1]))) / np.sqrt(200)
+
+
+def test_laplace_inference_gives_a_posterior_without_sampler_statistics(model):
+    result = sample(model, inference="laplace")
+    assert "postprocessing_sample_stats" not in result.children
+    assert np.isfinite(result.posterior["p"].values).all()
+
+
+def test_the_settings_chosen_by_rule_are_public_metadata(model):
+    import json
+
+    attrs = json.loads(sample(model).attrs["dp_mechanism_attrs"])
+    assert {"clipping_bound", "preconditioning_mu", "learning_rate_u", "burn_in_steps"} <= set(attrs)
+
+
+def test_a_second_fit_of_the_same_model_compiles_nothing(model):
+    sample(model)
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None
+    )
+    sample(model, random_seed=1)
+    assert compiles == []
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"steps": 0}, "steps must be a positive integer"),
+        ({"sampling_rate": 1.5}, r"sampling_rate must be in \(0, 1\]"),
+        ({"clipping_bound": -1.0}, "clipping_bound must be positive"),
+        ({"burn_in": 1.0}, r"burn_in must be in \[0, 1\)"),
+        ({"posterior": "exact"}, "posterior must be 'noise-aware' or 'naive'"),
+        ({"inference": "vi"}, "inference must be 'nuts' or 'laplace'"),
+    ],
+)
+def test_invalid_options_are_refused_before_anything_runs(options, message):
+    with pytest.raises(ValueError, match=message):
+        get_mechanism("na-dpvi")(**options)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(example_models()))
+def test_every_example_model_can_be_fitted(name):
+    result = sample(example_models()[name](np.random.default_rng(1)))
+    assert all(np.isfinite(v.values).all() for v in result.posterior.data_vars.values())
