@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 

@@ -1,0 +1,185 @@
+"""NA-DPVI speed, side by side with baselines (run with ``pytest -m benchmark -s``).
+
+1. One complete fit of Beta–Bernoulli (N = 5000, ε = 0.1, κ = 0.1, T = 10⁴, NUTS 1000 warm-up +
+   4000 draws), after the first compilation, against a baseline built the way the authors'
+   reference code works: per-example gradients of *all* N records at every step with a
+   Bernoulli(κ) mask (O(N) per step), and NUTS by PyMC's own sampler on the post-processing model
+   written in PyMC.
+2. The NUTS engine for the post-processing model: blackjax (what the plugin uses) against
+   ``pm.sample`` with PyMC's default NUTS and with PyMC's JAX backend (``nuts_sampler="blackjax"``),
+   on the same trace statistics.
+3. The DP-SGD phase's cost as N grows at a fixed expected batch κN = 500: it should stay flat.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pymc as pm
+import pytest
+
+from dpppl.plugins import get_mechanism
+from dpppl.privacy import clip_rows
+from dpppl.progress import Progress
+from dpppl.record_model import per_example_grad, record_model
+from dpppl.sampling import plan_fit, run_mechanism
+from dpppl_na_dpvi.dpsgd import run_dpsgd
+from dpppl_na_dpvi.heuristics import StandardisedSchedule
+from dpppl_na_dpvi.postprocess import ModelStructure, TraceStatistics, sample_nuts
+
+EPSILON, DELTA = 0.1, 1e-5
+
+
+def beta_bernoulli(n_records: int, seed: int = 0) -> pm.Model:
+    y = np.random.default_rng(seed).binomial(1, 0.3, n_records)
+    with pm.Model(coords={"obs": range(n_records)}) as model:
+        p = pm.Beta("p", 1, 1)
+        pm.Bernoulli("y", p=p, observed=y, dims="obs")
+    return model
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def full_pass_dpsgd(model, data, phi0, settings, steps, mc_draws, key):
+    """The reference code's loop: every record's gradient every step, then a Bernoulli mask."""
+    grads = per_example_grad(model.elbo_loss, n_args=2)
+    n = model.n_params
+
+    def step(phi, key):
+        key_mask, key_eps, key_noise = jax.random.split(key, 3)
+        mask = jax.random.bernoulli(key_mask, settings.sampling_rate, (model.n_records,))
+        eps = jax.random.normal(key_eps, (mc_draws, n))
+        per_record = grads(phi, data, eps, model.n_records)
+        clipped = clip_rows(per_record * settings.preconditioner, settings.clipping_bound)
+        summed = jnp.sum(clipped * mask[:, None], axis=0)
+        noise = settings.noise_multiplier * settings.clipping_bound * jax.random.normal(
+            key_noise, summed.shape
+        )
+        noisy = (summed + noise) / settings.preconditioner
+        return phi - settings.learning_rate * noisy, (phi, noisy)
+
+    run = jax.jit(lambda phi, key: jax.lax.scan(step, phi, jax.random.split(key, steps)))
+    return run(phi0, key)
+
+
+def pymc_postprocessing_model(stats: TraceStatistics) -> pm.Model:
+    """The diagonal post-processing model, written in PyMC on the same sufficient statistics."""
+    sum_gx = np.diagonal(np.asarray(stats.sum_gx))
+    sum_x2 = np.diagonal(np.asarray(stats.sum_xx))
+    with pm.Model() as model:
+        delta = pm.Normal("delta", 0, 1, shape=stats.phi_bar.shape)
+        v = pm.Normal("v", np.asarray(stats.prior_v_mean), np.asarray(stats.prior_v_std))
+        ka = float(stats.rate) * pm.math.softplus(v)
+        residual = (np.asarray(stats.sum_g2) - 2 * ka * (sum_gx - delta * np.asarray(stats.sum_g))
+                    + ka**2 * (sum_x2 + float(stats.count) * delta**2))
+        pm.Potential("likelihood", -0.5 * pm.math.sum(residual / np.asarray(stats.noise_std) ** 2))
+    return model
+
+
+@pytest.mark.benchmark
+def test_a_complete_fit_against_the_reference_style_baseline(capsys):
+    model = beta_bernoulli(5000)
+    compiled = record_model(model)
+    mechanism = get_mechanism("na-dpvi")(chains=1)
+    plan, _ = plan_fit(mechanism, compiled, epsilon=EPSILON, delta=DELTA)
+    data = compiled.data()
+    run_mechanism(mechanism, compiled, data, plan, random_seed=0, progressbar=False)  # compile
+    ours, release = timed(lambda: run_mechanism(mechanism, compiled, data, plan, random_seed=1,
+                                                progressbar=False))
+
+    schedule = StandardisedSchedule(compiled, noise_multiplier=plan.noise_multiplier,
+                                    sampling_rate=0.1, steps=10_000, burn_in_steps=2000)
+    phi0 = schedule.initial_phi()
+    settings = schedule.settings(phi0[None], progress=1.0)
+    device_data = {k: jnp.asarray(v) for k, v in data.items()}
+    full_pass_dpsgd(compiled, device_data, jnp.asarray(phi0), settings, 10_000, 10,
+                    jax.random.key(0))[0].block_until_ready()
+    baseline_sgd, (_, (phis, grads)) = timed(lambda: jax.block_until_ready(full_pass_dpsgd(
+        compiled, device_data, jnp.asarray(phi0), settings, 10_000, 10, jax.random.key(1))))
+    stats = TraceStatistics.from_trace(
+        np.asarray(jnp.concatenate([phis, phis[-1:]])), np.asarray(grads), burn_in=2000,
+        noise_std=plan.noise_multiplier * settings.clipping_bound
+        / np.asarray(settings.preconditioner),
+        rate=0.1, subsampling_scale=np.zeros(2))
+    with pymc_postprocessing_model(stats):
+        baseline_nuts, _ = timed(lambda: pm.sample(tune=1000, draws=4000, chains=1,
+                                                   progressbar=False, random_seed=0))
+    with capsys.disabled():
+        print(f"\ncomplete fit, N=5000, T=1e4, NUTS 1000+4000: dpppl {ours:.2f} s | baseline "
+              f"{baseline_sgd + baseline_nuts:.2f} s (all-N DP-SGD {baseline_sgd:.2f} s + PyMC "
+              f"NUTS {baseline_nuts:.2f} s) | ratio {(baseline_sgd + baseline_nuts) / ours:.1f}x")
+    assert ours < baseline_sgd + baseline_nuts
+
+
+@pytest.mark.benchmark
+def test_nuts_engines_on_the_post_processing_model(capsys):
+    rng = np.random.default_rng(0)
+    steps, kappa = 8000, 0.1
+    a, noise = np.array([1000.0, 0.5]), np.array([400.0, 0.4])
+    phi = np.zeros((steps + 1, 2))
+    grads = np.zeros((steps, 2))
+    for t in range(steps):
+        grads[t] = kappa * a * phi[t] + noise * rng.normal(size=2)
+        phi[t + 1] = phi[t] - 1e-3 / (kappa * a) * grads[t]
+    stats = TraceStatistics.from_trace(phi, grads, burn_in=0, noise_std=noise, rate=kappa,
+                                       subsampling_scale=np.zeros(2))
+    store = {}
+
+    def cache(key, factory):
+        return store.setdefault(key, factory()) if key not in store else store[key]
+
+    def blackjax_run(seed):
+        return sample_nuts(stats, jax.random.key(seed), tune=1000, draws=4000, chains=1,
+                           structure=ModelStructure(), cache=cache)
+
+    blackjax_run(0)
+    ours, _ = timed(lambda: blackjax_run(1))
+    rows = [("blackjax, compiled once (dpppl)", ours)]
+    for sampler in ("pymc", "blackjax"):
+        with pymc_postprocessing_model(stats):
+            pm.sample(tune=1000, draws=4000, chains=1, nuts_sampler=sampler, progressbar=False,
+                      random_seed=0)
+            seconds, _ = timed(lambda sampler=sampler: pm.sample(
+                tune=1000, draws=4000, chains=1, nuts_sampler=sampler, progressbar=False,
+                random_seed=1))
+        rows.append((f"pm.sample(nuts_sampler={sampler!r})", seconds))
+    with capsys.disabled():
+        print("\nNUTS, 1000 warm-up + 4000 draws, post-processing model of a 2-coordinate trace")
+        for name, seconds in rows:
+            print(f"  {name:40} {seconds:7.2f} s  ({seconds / ours:5.1f}x dpppl)")
+    assert ours == min(seconds for _, seconds in rows)
+
+
+@pytest.mark.benchmark
+def test_the_dp_sgd_phase_costs_what_the_batch_costs_not_n(capsys):
+    rows = []
+    for n_records in (5_000, 50_000, 500_000):
+        model = beta_bernoulli(n_records)
+        compiled = record_model(model)
+        mechanism = get_mechanism("na-dpvi")(sampling_rate=500 / n_records, steps=2000)
+        plan, _ = plan_fit(mechanism, compiled, epsilon=1.0, delta=1e-7)
+        schedule = StandardisedSchedule(compiled, noise_multiplier=plan.noise_multiplier,
+                                        sampling_rate=500 / n_records, steps=2000,
+                                        burn_in_steps=400)
+
+        def fit(seed):
+            return run_dpsgd(compiled, compiled.data(), schedule.initial_phi(), schedule,
+                             steps=2000, capacity=plan.details["batch_capacity"], mc_draws=10,
+                             key=jax.random.key(seed), progress=Progress(False))
+
+        fit(0)
+        seconds, _ = timed(lambda: fit(1))
+        rows.append((n_records, plan.details["batch_capacity"], seconds))
+    with capsys.disabled():
+        print("\nDP-SGD, 2000 steps, expected batch κN = 500")
+        for n_records, capacity, seconds in rows:
+            print(f"  N={n_records:>7}  capacity={capacity}  {seconds:6.2f} s "
+                  f"({seconds / rows[0][2]:.2f}x N=5000)")
+    assert rows[-1][2] < 3 * rows[0][2]
