@@ -26,6 +26,7 @@ from dpppl.mechanism import Mechanism, PrivacyPlan, Release
 from dpppl.record_model import RecordModel, record_model
 from dpppl.results import privacy_statement
 from dpppl.sampling import sample
+from dpppl.tarp_study import add_tarp, plot_tarp, tarp
 
 try:
     __version__ = version("dpppl")
@@ -50,9 +51,12 @@ __all__ = [
     "Release",
     "UnsupportedEventError",
     "__version__",
+    "add_tarp",
     "calibrate_noise_multiplier",
     "hookimpl",
+    "plot_tarp",
     "privacy_statement",
     "record_model",
     "sample",
+    "tarp",
 ]

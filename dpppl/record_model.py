@@ -24,9 +24,9 @@ import pymc as pm
 import pytensor.tensor as pt
 from pymc.distributions.shape_utils import change_dist_size
 from pymc.logprob.basic import transformed_conditional_logp
-from pytensor.graph.replace import clone_replace
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant
+from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors
 
 from dpppl.errors import InvalidDataError, ModelNotSupportedError
@@ -170,8 +170,13 @@ class RecordModel:
 
     # -- construction -------------------------------------------------------------------------
 
-    def _batch_replacements(self) -> tuple[dict, Any]:
-        batch_size = next(iter(self._batch_inputs.values())).shape[0]
+    def batch_replacements(self, batch_size: pt.TensorVariable) -> dict:
+        """Graph replacements that stand the symbolic batch inputs in for the model's record
+        arrays and ``batch_size`` for the length of its record dimension.
+
+        Apply them with ``clone_replace(..., rebuild_strict=False)``: numpy-backed arrays have N
+        in their static shape, and only a rebuild lets a batch of another length through.
+        """
         replacements = {
             v.variable: self._batch_inputs[v.name] for v in self.structure.variables
         }
@@ -179,24 +184,31 @@ class RecordModel:
             replacements[self.structure.dim_length] = batch_size.astype(
                 self.structure.dim_length.dtype
             )
-        return replacements, batch_size
+        return replacements
 
-    def _compile_loglik(self) -> Callable:
-        model = self.model
-        replacements, batch_size = self._batch_replacements()
-        rvs_to_values = {rv: model.rvs_to_values[rv] for rv in model.free_RVs}
-        rvs_to_transforms = {rv: model.rvs_to_transforms.get(rv) for rv in model.free_RVs}
+    def resized_observed(self, batch_size: pt.TensorVariable) -> list[pt.TensorVariable]:
+        """The observed random variables with ``batch_size`` records instead of N, in
+        ``structure.observed`` order (same distributions, parameters and random generators)."""
         resized = []
         for rv in self.structure.observed:
             # The observed variable's size is N (from the data or the dims); give it the batch's.
             ndim_batch = rv.type.ndim - getattr(rv.owner.op, "ndim_supp", 0)
             new_size = [batch_size] + [rv.shape[i] for i in range(1, ndim_batch)]
-            new_rv = change_dist_size(rv, new_size=new_size, expand=False)
+            resized.append(change_dist_size(rv, new_size=new_size, expand=False))
+        return resized
+
+    def _compile_loglik(self) -> Callable:
+        model = self.model
+        batch_size = next(iter(self._batch_inputs.values())).shape[0]
+        replacements = self.batch_replacements(batch_size)
+        rvs_to_values = {rv: model.rvs_to_values[rv] for rv in model.free_RVs}
+        rvs_to_transforms = {rv: model.rvs_to_transforms.get(rv) for rv in model.free_RVs}
+        resized = self.resized_observed(batch_size)
+        for rv, new_rv in zip(self.structure.observed, resized, strict=True):
             rvs_to_values[new_rv] = clone_replace(
                 model.rvs_to_values[rv], replacements, rebuild_strict=False
             )
             rvs_to_transforms[new_rv] = None
-            resized.append(new_rv)
         terms = transformed_conditional_logp(
             rvs=resized, rvs_to_values=rvs_to_values, rvs_to_transforms=rvs_to_transforms
         )

@@ -104,6 +104,7 @@ def sample(
     ledger: PrivacyLedger | None = None,
     random_seed: int | np.random.SeedSequence | None = None,
     progressbar: bool = True,
+    tarp: bool | dict[str, Any] | None = None,
     **options: Any,
 ) -> xr.DataTree:
     """Draw from a differentially private posterior of a PyMC model.
@@ -130,6 +131,12 @@ def sample(
         seed is secret, so leave it None (OS entropy) for anything you publish.
     progressbar
         Show progress bars on long loops.
+    tarp
+        Also run a noise-aware TARP study of the mechanism on simulated data after the fit and
+        add it as the ``tarp`` group (see :func:`dpppl.add_tarp`): True for the defaults, or a
+        dict of :func:`dpppl.tarp` options (``covariates`` for a model with covariates,
+        ``n_simulations``, ``client``...).  It spends no privacy budget; its seed is its own
+        ``random_seed`` option, never the fit's.
     **options
         Options of the mechanism (see its documentation).
 
@@ -143,6 +150,7 @@ def sample(
     epsilon, delta = check_epsilon_delta(epsilon, delta)
     mechanism_obj = get_mechanism(mechanism)(**options)
     compiled = record_model(model, records)
+    tarp_options = _tarp_request(compiled, tarp, records, progressbar)
     plan, chosen = plan_fit(
         mechanism_obj, compiled, epsilon=epsilon, delta=delta, accountant=accountant
     )
@@ -170,4 +178,31 @@ def sample(
         seeded=seeded,
         providers=providers,
     )
-    return build_result(compiled, release, attrs)
+    result = build_result(compiled, release, attrs)
+    if tarp_options is not None:
+        from dpppl.tarp_study import add_tarp
+
+        try:
+            add_tarp(result, compiled.model, **tarp_options)
+        except Exception as error:  # noqa: BLE001 - the budget is spent: never lose the result
+            warnings.warn(
+                f"the TARP study failed ({error!r}); the result is returned without a 'tarp' "
+                "group. Run dpppl.add_tarp(result, model, ...) to try again",
+                stacklevel=2,
+            )
+    return result
+
+
+def _tarp_request(
+    model: RecordModel, tarp: bool | dict[str, Any] | None, records: str | None, progressbar: bool
+) -> dict[str, Any] | None:
+    """The options of ``sample(tarp=...)``, checked before the fit so that a request that cannot
+    be carried out costs no privacy budget."""
+    if tarp is None or tarp is False:
+        return None
+    # Imported here: the TARP study builds on this module's plan_fit and run_mechanism.
+    from dpppl.tarp_study import check_study
+
+    options = {"progressbar": progressbar, "records": records, **({} if tarp is True else tarp)}
+    check_study(model, options)
+    return options
