@@ -1,0 +1,200 @@
+"""A report of a private result as one self-contained HTML page.
+
+>>> dpppl.report.write_report(idata, "report.html")
+
+The page holds the privacy statement, the settings the result records, the ArviZ summary of the
+posterior, a plot of every marginal, and the TARP coverage when the result has a ``tarp`` group
+(or one is passed).  Figures are PNGs inlined as ``data:`` URIs, so the page can be mailed or
+archived on its own.  It shows only what the result holds: DP releases and public metadata.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import arviz as az
+import pandas as pd
+import xarray as xr
+from matplotlib.figure import Figure
+
+from dpppl import __version__
+from dpppl.diagnostics import coverage_summary
+from dpppl.diagnostics.plots import STYLE
+from dpppl.errors import DPPPLError
+from dpppl.results import privacy_statement
+from dpppl.tarp_study import plot_tarp
+
+
+class ResultFileError(DPPPLError):
+    """A file is not a readable dpppl result."""
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 62rem; margin: 2rem auto; padding: 0 1rem;
+       color: #222; line-height: 1.45; }}
+h1 {{ font-size: 1.6rem; }} h2 {{ font-size: 1.2rem; margin-top: 2rem; }}
+table {{ border-collapse: collapse; font-size: 0.9rem; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: 0.2rem 0.6rem; text-align: right; }}
+th:first-child, td:first-child {{ text-align: left; }}
+.statement {{ background: #eef5ee; border-left: 4px solid #4a8a4a; padding: 0.6rem 1rem; }}
+.note {{ background: #fdf6e3; border-left: 4px solid #c8a040; padding: 0.6rem 1rem; }}
+pre {{ background: #f6f6f6; padding: 0.6rem; overflow-x: auto; }}
+img {{ max-width: 100%; }}
+</style>
+</head>
+<body>
+<h1>{title}</h1>
+{body}
+<p><small>Written by dpppl {version}.</small></p>
+</body>
+</html>
+"""
+
+
+def read_result(path: str | Path) -> xr.DataTree:
+    """Read a result saved with ``to_netcdf`` into memory (the file is closed again).
+
+    Raises
+    ------
+    ResultFileError
+        If the file is not netCDF, or carries no dpppl privacy metadata.
+    """
+    try:
+        with xr.open_datatree(path) as tree:
+            result = tree.load()
+    except (OSError, ValueError) as error:
+        raise ResultFileError(
+            f"{path} is not a readable netCDF file ({type(error).__name__})"
+        ) from None
+    if "dp_epsilon" not in result.attrs or "posterior" not in result.children:
+        raise ResultFileError(
+            f"{path} is not a dpppl result: it lacks the posterior or the dp_* privacy attributes"
+        )
+    return result
+
+
+def write_report(
+    result: xr.DataTree,
+    path: str | Path,
+    *,
+    tarp: xr.Dataset | None = None,
+    title: str = "Differentially private posterior",
+    notes: Sequence[str] = (),
+) -> Path:
+    """Write the report of ``result`` as a self-contained HTML page.
+
+    Parameters
+    ----------
+    result
+        A result of :func:`dpppl.sample` (or one read back from netCDF).
+    path
+        The HTML file to write; its folder is created.
+    tarp
+        A TARP study (:func:`dpppl.diagnostics.tarp_coverage` output) to show; the result's own
+        ``tarp`` group when None, and no coverage section when it has none.
+    title
+        Heading of the page.
+    notes
+        Paragraphs shown under the heading (for example how the result was made).
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+    """
+    if tarp is None and "tarp" in result.children:
+        tarp = result["tarp"].to_dataset()
+    sections = [f'<p class="note">{html.escape(note)}</p>' for note in notes]
+    sections += [
+        "<h2>Privacy guarantee</h2>",
+        f'<p class="statement">{_lines(privacy_statement(result))}</p>',
+        _table(settings_table(result), index_name="setting"),
+        "<h2>Posterior summary</h2>",
+        _table(az.summary(result), index_name="parameter"),
+        "<h2>Posterior marginals</h2>",
+        _image(posterior_figure(result), "posterior marginal densities"),
+    ]
+    if tarp is not None:
+        sections += _tarp_section(tarp)
+    page = _PAGE.format(
+        title=html.escape(title), body="\n".join(sections), version=html.escape(__version__)
+    )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def settings_table(result: xr.DataTree) -> pd.DataFrame:
+    """How the result was made, from its ``dp_*`` attributes: one row per setting."""
+    attrs = result.attrs
+    rows = {
+        "mechanism": attrs.get("dp_mechanism"),
+        "guarantee": attrs.get("dp_guarantee"),
+        "epsilon": attrs.get("dp_epsilon"),
+        "delta": attrs.get("dp_delta"),
+        "neighbour relation": attrs.get("dp_neighbour_relation"),
+        "accountant": attrs.get("dp_accountant"),
+        "noise multiplier": attrs.get("dp_noise_multiplier"),
+        "records": attrs.get("dp_n_records"),
+    }
+    for key, label in (("dp_mechanism_settings", "option"), ("dp_plugins", "plugin")):
+        for name, value in json.loads(attrs.get(key, "{}")).items():
+            rows[f"{label}: {name}"] = value
+    rows["created"] = attrs.get("created_at")
+    rows["dpppl version"] = attrs.get("dpppl_version")
+    return pd.DataFrame(
+        {"value": [str(v) for v in rows.values() if v is not None]},
+        index=[k for k, v in rows.items() if v is not None],
+    )
+
+
+def posterior_figure(result: xr.DataTree) -> Figure:
+    """The marginal density of every posterior variable (and coordinate), one panel each."""
+    # arviz_plots takes seconds to import; only the figures need it.
+    import arviz_plots as azp
+    import matplotlib.style
+
+    with matplotlib.style.context(STYLE):
+        plots = azp.plot_dist(result, backend="matplotlib")
+    return plots.viz["figure"].item()
+
+
+def _tarp_section(tarp: xr.Dataset) -> list[str]:
+    note = tarp.attrs.get("privacy_note")
+    return [
+        "<h2>Coverage (TARP)</h2>",
+        (
+            "<p>Expected coverage of the private posterior's credible regions on "
+            f"{int(tarp.attrs['n_simulations'])} data sets simulated from the model: a calibrated "
+            "posterior follows the diagonal, within the noise of that many simulations.</p>"
+        ),
+        *([f'<p class="note">{html.escape(str(note))}</p>'] if note else []),
+        _image(plot_tarp(tarp), "TARP expected coverage, its error, and the marginal coverages"),
+        f"<pre>{html.escape(coverage_summary(tarp))}</pre>",
+    ]
+
+
+def _table(frame: pd.DataFrame, *, index_name: str) -> str:
+    return frame.reset_index(names=index_name).to_html(border=0, index=False, na_rep="")
+
+
+def _image(fig: Figure, alt: str) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">'
+
+
+def _lines(text: str) -> str:
+    return "<br>".join(html.escape(line) for line in text.splitlines())
