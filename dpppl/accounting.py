@@ -24,7 +24,6 @@ from dpppl.errors import (
 from dpppl.events import ComposedEvent, NeighbourRelation, PrivacyEvent, event_from_dict
 
 
-
 def check_epsilon_delta(epsilon: float, delta: float) -> tuple[float, float]:
     """Validate a target (ε, δ) and return it as floats.
 

@@ -12,11 +12,11 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import jax
-from pytensor.compile.mode import JAX as JAX_MODE
-from pytensor.graph.fg import FunctionGraph
 import pytensor.tensor as pt
+from pytensor.compile.mode import JAX as JAX_MODE
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
+from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import graph_inputs
 from pytensor.link.jax.dispatch import jax_funcify

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dpppl.errors import InvalidPrivacyParameterError
 from dpppl.calibration import calibrate_noise_multiplier
+from dpppl.errors import InvalidPrivacyParameterError
 
 
 class Counted:

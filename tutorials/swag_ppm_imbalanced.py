@@ -400,7 +400,7 @@ def gini(counts: np.ndarray) -> float:
 def summary_table(problem: Problem, epsilon: float, scores: list[list[Score]]) -> str:
     """Mean (sd over seeds) of the metrics, one row per method."""
     lines = [
-        f"| method | reported epsilon | delta | weighted F1 | macro F1 | seconds |",
+        "| method | reported epsilon | delta | weighted F1 | macro F1 | seconds |",
         "|---|---|---|---|---|---|",
     ]
     for runs in scores:

@@ -22,11 +22,11 @@ Q, STEPS, DELTA = 0.1, 10_000, 1e-5
 TARGETS = (1.0, 0.3, 0.1)
 METHODS = ("rdp", "pld", "prv", "prv-accountant find_noise_multiplier")
 
-CHILD = """
+CHILD = f"""
 import json, sys, time
 
 method, target = sys.argv[1], float(sys.argv[2])
-q, steps, delta = {q}, {steps}, {delta}
+q, steps, delta = {Q}, {STEPS}, {DELTA}
 
 def status_mb(field):
     with open("/proc/self/status") as status:
@@ -60,7 +60,7 @@ else:
     )
 seconds = time.perf_counter() - start
 print(json.dumps(dict(sigma=sigma, seconds=seconds, imports_mb=before, peak_mb=status_mb("VmHWM"))))
-""".format(q=Q, steps=STEPS, delta=DELTA)
+"""
 
 
 def calibrate_in_a_fresh_process(method: str, target: float) -> dict[str, float]:

@@ -10,7 +10,6 @@ import dp_accounting as dpa
 from dpppl.accounting import Accountant
 from dpppl.errors import InvalidPrivacyParameterError, UnsupportedEventError
 from dpppl.events import NeighbourRelation, PrivacyEvent
-
 from dpppl_dp_accounting.translation import to_dp_event
 
 

@@ -7,10 +7,9 @@ from collections.abc import Callable
 from dp_accounting.pld import pld_privacy_accountant
 
 from dpppl.accounting import check_epsilon_delta
-from dpppl.events import NeighbourRelation, PrivacyEvent
-
-from dpppl_dp_accounting.base import DpAccountingAccountant, check_delta, check_epsilon
 from dpppl.calibration import calibrate_noise_multiplier
+from dpppl.events import NeighbourRelation, PrivacyEvent
+from dpppl_dp_accounting.base import DpAccountingAccountant, check_delta, check_epsilon
 from dpppl_dp_accounting.rdp import RdpAccountant
 from dpppl_dp_accounting.translation import neighboring_relation
 

@@ -3,7 +3,6 @@
 from collections.abc import Callable
 
 import dpppl
-
 from dpppl_dp_accounting.pld import PldAccountant
 from dpppl_dp_accounting.rdp import RdpAccountant
 

@@ -8,10 +8,9 @@ from collections.abc import Callable
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dpppl.accounting import check_epsilon_delta
-from dpppl.events import NeighbourRelation, PrivacyEvent
-
-from dpppl_dp_accounting.base import DpAccountingAccountant, check_delta, check_epsilon
 from dpppl.calibration import calibrate_noise_multiplier
+from dpppl.events import NeighbourRelation, PrivacyEvent
+from dpppl_dp_accounting.base import DpAccountingAccountant, check_delta, check_epsilon
 from dpppl_dp_accounting.translation import neighboring_relation
 
 #: RDP orders: dp_accounting's defaults with the gap between 64 and 1024 filled geometrically

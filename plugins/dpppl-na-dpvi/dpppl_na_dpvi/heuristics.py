@@ -38,7 +38,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpppl.record_model import RecordModel, softplus_inverse
-
 from dpppl_na_dpvi.dpsgd import DPSGDSettings
 
 #: C = CLIP_SCALE · √d for standardised per-record gradients of dimension d.

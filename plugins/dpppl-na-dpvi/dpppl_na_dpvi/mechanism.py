@@ -22,7 +22,6 @@ from dpppl.events import PrivacyEvent, poisson_subsampled_gaussian
 from dpppl.privacy import PoissonSampler, jax_key
 from dpppl.progress import Progress
 from dpppl.record_model import RecordModel
-
 from dpppl_na_dpvi.dpsgd import DPSGDSettings, Trace, run_dpsgd
 from dpppl_na_dpvi.heuristics import StandardisedSchedule
 from dpppl_na_dpvi.postprocess import (

@@ -1,7 +1,6 @@
 """Hook implementations of dpppl-na-dpvi."""
 
 import dpppl
-
 from dpppl_na_dpvi.mechanism import NADPVI
 
 

@@ -3,7 +3,6 @@
 from collections.abc import Callable
 
 import dpppl
-
 from dpppl_prv.accountant import PrvAccountant
 
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+
 from dpppl import Mechanism, NeighbourRelation, PrivacyPlan, RecordModel, Release
 from dpppl.accounting import Accountant
 from dpppl.privacy import jax_key
 from dpppl.progress import Progress
-
 from dpppl_swag_ppm.batches import to_device
 from dpppl_swag_ppm.fitting import PPMFitter
 from dpppl_swag_ppm.sgd import (

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import dpppl
-
 from dpppl_swag_ppm.mechanism import SwagPPM
 
 

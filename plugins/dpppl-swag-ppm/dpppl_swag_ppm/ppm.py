@@ -19,8 +19,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from dpppl import RecordModel
 
+from dpppl import RecordModel
 from dpppl_swag_ppm.batches import Data, in_chunks
 
 #: Upper bound on draws × records of log-likelihood held at once in :func:`record_risks`.
