@@ -133,7 +133,9 @@ def test_nuts_engines_on_the_post_processing_model(capsys):
     store = {}
 
     def cache(key, factory):
-        return store.setdefault(key, factory()) if key not in store else store[key]
+        if key not in store:
+            store[key] = factory()
+        return store[key]
 
     def blackjax_run(seed):
         return sample_nuts(stats, jax.random.key(seed), tune=1000, draws=4000, chains=1,
@@ -142,10 +144,16 @@ def test_nuts_engines_on_the_post_processing_model(capsys):
     blackjax_run(0)
     ours, _ = timed(lambda: blackjax_run(1))
     rows = [("blackjax, compiled once (dpppl)", ours)]
+    unavailable = []
     for sampler in ("pymc", "blackjax"):
         with pymc_postprocessing_model(stats):
-            pm.sample(tune=1000, draws=4000, chains=1, nuts_sampler=sampler, progressbar=False,
-                      random_seed=0)
+            try:
+                pm.sample(tune=1000, draws=4000, chains=1, nuts_sampler=sampler,
+                          progressbar=False, random_seed=0)
+            except TypeError as error:
+                # PyMC 6.4's blackjax bridge passes arguments blackjax 1.7 no longer accepts.
+                unavailable.append(f"pm.sample(nuts_sampler={sampler!r}): {error}")
+                continue
             seconds, _ = timed(lambda sampler=sampler: pm.sample(
                 tune=1000, draws=4000, chains=1, nuts_sampler=sampler, progressbar=False,
                 random_seed=1))
@@ -154,6 +162,8 @@ def test_nuts_engines_on_the_post_processing_model(capsys):
         print("\nNUTS, 1000 warm-up + 4000 draws, post-processing model of a 2-coordinate trace")
         for name, seconds in rows:
             print(f"  {name:40} {seconds:7.2f} s  ({seconds / ours:5.1f}x dpppl)")
+        for line in unavailable:
+            print(f"  unavailable: {line}")
     assert ours == min(seconds for _, seconds in rows)
 
 
