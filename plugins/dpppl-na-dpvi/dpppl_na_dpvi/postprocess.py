@@ -46,8 +46,12 @@ STRUCTURAL_PRIOR_WIDTH = 0.5
 #: LKJ concentration of the prior on the correlation of the μ-block of A (η > 1 favours weak
 #: correlation without ruling out strong).
 LKJ_ETA = 2.0
-#: Largest number of model parameters for which ``curvature="auto"`` uses a full μ-block.
-MAX_FULL_CURVATURE = 30
+#: Largest number of model parameters for which ``curvature="auto"`` uses a full μ-block.  On the
+#: 5-parameter logistic regression of ``dpppl demo`` the full block's LKJ funnel cost 50–65
+#: leapfrog steps per NUTS iteration and up to 16 divergent transitions per 4000 draws, against
+#: 8–14 steps and none with the diagonal A; on Dirichlet–Categorical (2 parameters) the full
+#: block lowered the TARP RMSE from 0.036 to 0.026.
+MAX_FULL_CURVATURE = 3
 
 
 class TraceStatistics(NamedTuple):
