@@ -46,6 +46,9 @@ class ParameterBlock:
     start: int
     stop: int
     transform: str | None
+    #: Coordinate values along each axis, when the model's dims label this value variable (a
+    #: transform that changes the shape, like a simplex's, leaves it unlabelled).
+    coords: tuple[tuple, ...] | None = None
 
     @property
     def size(self) -> int:
@@ -79,6 +82,7 @@ class ParameterSpace:
                     start=start,
                     stop=start + size,
                     transform=type(transform).__name__ if transform is not None else None,
+                    coords=_block_coords(model, rv.name, shape),
                 )
             )
             start += size
@@ -94,15 +98,28 @@ class ParameterSpace:
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def labels(self) -> list[str]:
-        """One readable label per coordinate of θ, e.g. ``sigma_log__`` or ``w_[2]``."""
+        """One readable label per coordinate of θ, e.g. ``sigma_log__``, ``w[age]`` (from the
+        model's coords) or ``probs_simplex__[1]``."""
         labels = []
         for block in self.blocks:
             if block.shape == ():
                 labels.append(block.value_name)
             else:
+                axes = block.coords or tuple(range(n) for n in block.shape)
                 for index in np.ndindex(block.shape):
-                    labels.append(f"{block.value_name}[{','.join(map(str, index))}]")
+                    names = (str(axis[i]) for axis, i in zip(axes, index, strict=True))
+                    labels.append(f"{block.value_name}[{','.join(names)}]")
         return labels
+
+
+def _block_coords(model: pm.Model, name: str, shape: tuple[int, ...]) -> tuple[tuple, ...] | None:
+    dims = model.named_vars_to_dims.get(name)
+    if not dims or len(dims) != len(shape):
+        return None
+    axes = tuple(tuple(model.coords.get(dim) or ()) for dim in dims)
+    if any(len(axis) != n for axis, n in zip(axes, shape, strict=True)):
+        return None
+    return axes
 
 
 def softplus_inverse(x: np.ndarray | float) -> np.ndarray:
