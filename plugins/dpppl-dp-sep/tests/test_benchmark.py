@@ -56,5 +56,7 @@ def test_time_per_pass_grows_linearly_in_n():
     for n, d, seconds, label in rows:
         print(f"{n:>7} {d:>5} {seconds:>10.3f} {1e6 * seconds / n:>12.1f}  {label}")
     by_n = {n: s for n, d, s, _ in rows if d == 4}
-    # Cost per record does not grow with N (one record per step, O(1) sampling).
-    assert by_n[16_000] / 16_000 < 2 * by_n[1_000] / 1_000
+    # Cost per record does not grow with N (one record per step, O(1) sampling).  A pass over
+    # 1000 records takes a few hundredths of a second, too short to time on a shared machine,
+    # so the comparison is between the two longer passes.
+    assert by_n[16_000] / 16_000 < 2 * by_n[4_000] / 4_000
