@@ -76,8 +76,8 @@ class NADPVI(Mechanism):
         the least-squares slope of the trace).
     curvature
         ``"full"``: a full curvature matrix for the μ-coordinates (needed when the posterior is
-        correlated); ``"diagonal"``: the paper's diagonal A; ``"auto"`` (default): full for 2 or 3
-        model parameters, where it is cheap and NUTS samples it without divergences.
+        correlated); ``"diagonal"``: the paper's diagonal A; ``"auto"`` (default): full for 2 to
+        30 model parameters.
     """
 
     name = "na-dpvi"
