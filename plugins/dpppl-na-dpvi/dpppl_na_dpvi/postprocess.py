@@ -39,7 +39,6 @@ import blackjax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.optimize import minimize
 
 #: Relative prior width of A around its structural value.
 STRUCTURAL_PRIOR_WIDTH = 0.5
@@ -157,24 +156,24 @@ def unpack(params: jax.Array, d: int, n_corr: int) -> tuple[jax.Array, ...]:
 def correlation_cholesky(y: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
     """Cholesky factor of a correlation matrix from unconstrained y, and log|Jacobian|.
 
-    Canonical partial correlations z = tanh(y) fill the factor row by row (as in Stan's
-    ``cholesky_factor_corr``); the log-Jacobian is that of y ↦ L's free entries.
+    Canonical partial correlations z = tanh(y) fill the strict lower triangle row by row (as in
+    Stan's ``cholesky_factor_corr``): L_ij = z_ij √(Π_{k<j} (1 − z_ik²)) and
+    L_ii = √(Π_{k<i} (1 − z_ik²)).  The log-Jacobian is that of y ↦ L's free entries.  Written
+    with cumulative sums rather than a loop over entries: the unrolled loop made XLA compile
+    the Laplace fit's Hessian for 5 minutes at 12 parameters.
     """
-    z = jnp.tanh(y)
-    log_jac = jnp.sum(jnp.log1p(-(z**2)))
-    rows = [jnp.zeros(n).at[0].set(1.0)]
-    index = 0
-    for i in range(1, n):
-        row = jnp.zeros(n)
-        remaining = 1.0
-        for j in range(i):
-            entry = z[index] * jnp.sqrt(remaining)
-            log_jac = log_jac + 0.5 * jnp.log(remaining)
-            row = row.at[j].set(entry)
-            remaining = remaining - entry**2
-            index += 1
-        rows.append(row.at[i].set(jnp.sqrt(remaining)))
-    return jnp.stack(rows), log_jac
+    rows, cols = np.tril_indices(n, -1)
+    # log(1 − tanh(y)²) = 2 log sech(y), stable for large |y|.
+    log_one_minus_z2 = 2 * (np.log(2.0) - jnp.abs(y) - jnp.logaddexp(0.0, -2 * jnp.abs(y)))
+    log_terms = jnp.zeros((n, n)).at[rows, cols].set(log_one_minus_z2)
+    # log of the squared length left for entry (i, j) after the entries before it in row i.
+    log_remaining = jnp.cumsum(log_terms, axis=1) - log_terms
+    strict = jnp.zeros((n, n)).at[rows, cols].set(
+        jnp.tanh(y) * jnp.exp(0.5 * log_remaining[rows, cols])
+    )
+    chol = strict + jnp.diag(jnp.exp(0.5 * log_terms.sum(axis=1)))
+    log_jac = jnp.sum(log_one_minus_z2) + 0.5 * jnp.sum(log_remaining[rows, cols])
+    return chol, log_jac
 
 
 def _lkj_cholesky_logp(chol: jax.Array, eta: float) -> jax.Array:
@@ -323,20 +322,37 @@ def sample_nuts(
     return _to_draws(positions, stats, structure, info)
 
 
+#: Newton iterations of the Laplace fit, and the step lengths its line search tries.
+LAPLACE_ITERATIONS = 60
+LAPLACE_STEP_LENGTHS = 2.0 ** -np.arange(12)
+
+
 def _laplace_fit(structure: ModelStructure):
     @jax.jit
     def fit(stats):
-        start = initial_position(stats, structure)
-        result = minimize(lambda p: -log_density(p, stats, structure), start, method="BFGS")
-        # A few Newton steps polish BFGS's answer so the Hessian is taken at the mode.
-        hessian_fn = jax.hessian(lambda p: -log_density(p, stats, structure))
+        def objective(p):
+            value = -log_density(p, stats, structure)
+            return jnp.where(jnp.isfinite(value), value, jnp.inf)
 
+        hessian_fn = jax.hessian(objective)
+
+        # Saddle-free Newton with a line search that never accepts a worse or non-finite point:
+        # BFGS (jax.scipy.optimize) stepped into overflowing exp(v) and returned NaN modes on
+        # 3 of 4 low-noise linear-regression fits, and its Hessian could be indefinite there.
         def newton(position, _):
-            hess = hessian_fn(position)
-            grad = jax.grad(lambda p: -log_density(p, stats, structure))(position)
-            return position - jnp.linalg.solve(hess, grad), None
+            value, grad = jax.value_and_grad(objective)(position)
+            eigenvalues, eigenvectors = jnp.linalg.eigh(hessian_fn(position))
+            curvature = jnp.maximum(jnp.abs(eigenvalues), 1e-6)
+            step = eigenvectors @ ((eigenvectors.T @ grad) / curvature)
+            candidates = position - LAPLACE_STEP_LENGTHS[:, None] * step
+            values = jax.vmap(objective)(candidates)
+            best = jnp.argmin(values)
+            improves = jnp.isfinite(grad).all() & (values[best] < value)
+            return jnp.where(improves, candidates[best], position), None
 
-        mode, _ = jax.lax.scan(newton, result.x, None, length=3)
+        mode, _ = jax.lax.scan(
+            newton, initial_position(stats, structure), None, length=LAPLACE_ITERATIONS
+        )
         hess = hessian_fn(mode)
         eigenvalues, eigenvectors = jnp.linalg.eigh((hess + hess.T) / 2)
         # The mode of a well-posed model has a positive-definite Hessian; the floor only guards
