@@ -4,16 +4,12 @@ Each test runs ``python tutorials/<script>.py --smoke`` from the repository root
 to a temporary folder, and checks the exit code and the lines a reader is told to expect.  Fits
 at smoke size are far too short to mean anything: the numbers themselves are not checked.
 
-Only the getting-started tutorial runs in the default suite.  The reproductions are slow even at
-smoke size (each compiles DP-SGD and NUTS for several settings; 6–9 minutes each on the loaded
-development machine) and would push the default run past its 15-minute budget, so they are marked
-``slow``; those that read the UCI sets from ``../shared/data`` (or ``$DPPPL_DATA``) skip when the
-data are not there.  ``pytest -m slow tests/test_tutorials.py`` runs them all.
-
-Timings of the four default tests on the shared 2-core machine under heavy load (load average
-about 15): getting_started 160 s, exponential_families 376 s, adult_calibration 354 s,
-linear_regression 548 s; about a quarter of that is CPU time, most of it XLA compilation of the
-DP-SGD loop and the NUTS post-processing (once per process and setting).
+Every tutorial runs in the default suite; the reproductions that read the UCI sets from
+``../shared/data`` (or ``$DPPPL_DATA``) skip when the data are not there.  All seven took 3.4
+minutes on the 2-core development machine with one core busy (2026-11-24; linear_regression 47 s,
+exponential_families 36 s, dpsep_mixture 33 s, adult_calibration 28 s, getting_started 21 s,
+swag_ppm_imbalanced 19 s, dpsep_uci_regression 18 s), most of it XLA compilation of the DP-SGD
+loop and the post-processing, once per process and setting.
 """
 
 from __future__ import annotations
@@ -72,7 +68,6 @@ def test_getting_started(tmp_path):
         assert (tmp_path / name).is_file(), name
 
 
-@pytest.mark.slow
 def test_exponential_families(tmp_path):
     out = run_tutorial("exponential_families.py", "--smoke", "--out", tmp_path)
     assert "Joint TARP RMSE at ε = 0.1" in out
@@ -87,7 +82,6 @@ def test_exponential_families(tmp_path):
     assert "Dirichlet–Categorical" in report
 
 
-@pytest.mark.slow
 def test_linear_regression(tmp_path):
     out = run_tutorial("linear_regression.py", "--smoke", "--out", tmp_path)
     assert "Part 1: one private fit at ε = 1" in out
@@ -98,7 +92,6 @@ def test_linear_regression(tmp_path):
         assert (tmp_path / f"eps1_{method}_K4.png").is_file()
 
 
-@pytest.mark.slow
 def test_adult_calibration(tmp_path):
     # --smoke uses the sample that ships with dpppl: no data files needed.
     out = run_tutorial("adult_calibration.py", "--smoke", "--epsilon", "1", "--out", tmp_path)
@@ -110,7 +103,6 @@ def test_adult_calibration(tmp_path):
     assert (tmp_path / "reliability_eps1.png").is_file()
 
 
-@pytest.mark.slow
 def test_swag_ppm_imbalanced(tmp_path):
     require_data("uci-adult/adult.data")
     require_data("uci-regression/wine-quality-red/data.txt")
@@ -120,7 +112,6 @@ def test_swag_ppm_imbalanced(tmp_path):
     assert table.is_file()
 
 
-@pytest.mark.slow
 def test_dpsep_mixture(tmp_path):
     table = tmp_path / "dpsep_mixture.md"
     out = run_tutorial("dpsep_mixture.py", "--smoke", "--out", table)
@@ -128,7 +119,6 @@ def test_dpsep_mixture(tmp_path):
     assert table.is_file()
 
 
-@pytest.mark.slow
 def test_dpsep_uci_regression(tmp_path):
     require_data("uci-regression/wine-quality-red/data.txt")
     table = tmp_path / "dpsep_uci.md"
