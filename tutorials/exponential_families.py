@@ -29,7 +29,8 @@ The studies read no private data and spend no privacy budget.  Run from the repo
     python tutorials/exponential_families.py --models m2 --methods naive --simulations 200
 
 Paper-size studies take minutes to an hour each on two cores (NUTS fits are the slow ones: the
-M3 noise-aware study took 50 minutes on one core, about 6 s per fit).  Each study is saved as it finishes (``<out>/<model>_<method>_K<K>.nc`` and ``.png``) and
+M3 noise-aware study took 50 minutes on one core, about 6 s per fit).  Each study is saved as it
+finishes (``<out>/<model>_<method>_K<K>.nc`` and ``.png``) and
 its summary is merged into ``<out>/results.json``; ``--report`` prints the table from the saved
 studies without fitting anything.
 """

@@ -167,12 +167,10 @@ def correlation_cholesky(y: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
     log_one_minus_z2 = 2 * (np.log(2.0) - jnp.abs(y) - jnp.logaddexp(0.0, -2 * jnp.abs(y)))
     log_terms = jnp.zeros((n, n)).at[rows, cols].set(log_one_minus_z2)
     # log of the squared length left for entry (i, j) after the entries before it in row i.
-    log_remaining = jnp.cumsum(log_terms, axis=1) - log_terms
-    strict = jnp.zeros((n, n)).at[rows, cols].set(
-        jnp.tanh(y) * jnp.exp(0.5 * log_remaining[rows, cols])
-    )
+    log_remaining = (jnp.cumsum(log_terms, axis=1) - log_terms)[rows, cols]
+    strict = jnp.zeros((n, n)).at[rows, cols].set(jnp.tanh(y) * jnp.exp(0.5 * log_remaining))
     chol = strict + jnp.diag(jnp.exp(0.5 * log_terms.sum(axis=1)))
-    log_jac = jnp.sum(log_one_minus_z2) + 0.5 * jnp.sum(log_remaining[rows, cols])
+    log_jac = jnp.sum(log_one_minus_z2) + 0.5 * jnp.sum(log_remaining)
     return chol, log_jac
 
 
@@ -346,9 +344,9 @@ def _laplace_fit(structure: ModelStructure):
             step = eigenvectors @ ((eigenvectors.T @ grad) / curvature)
             candidates = position - LAPLACE_STEP_LENGTHS[:, None] * step
             values = jax.vmap(objective)(candidates)
+            # A NaN step gives infinite objectives, so it is never taken either.
             best = jnp.argmin(values)
-            improves = jnp.isfinite(grad).all() & (values[best] < value)
-            return jnp.where(improves, candidates[best], position), None
+            return jnp.where(values[best] < value, candidates[best], position), None
 
         mode, _ = jax.lax.scan(
             newton, initial_position(stats, structure), None, length=LAPLACE_ITERATIONS
