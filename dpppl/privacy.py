@@ -53,9 +53,10 @@ class PoissonSampler:
         delta_share: float = 1e-4,
     ) -> PoissonSampler:
         """A sampler whose truncation costs at most ``delta_share * delta`` over ``steps`` steps."""
-        budget = delta_share * delta / ((1 + math.exp(epsilon)) * steps)
-        capacity = int(stats.binom.isf(budget, n_records, rate)) + 1
-        capacity = min(max(capacity, 1), n_records)
+        log_budget = (
+            math.log(delta_share * delta) - _log1p_exp(epsilon) - math.log(steps)
+        )
+        capacity = _binomial_tail_quantile(log_budget, n_records, rate)
         overflow = float(stats.binom.sf(capacity, n_records, rate))
         return cls(n_records, rate, capacity, overflow)
 
@@ -73,6 +74,28 @@ class PoissonSampler:
         return poisson_batch(key, self.n_records, self.rate, self.capacity)
 
 
+def _log1p_exp(x: float) -> float:
+    """log(1 + eˣ) without overflow for large ε."""
+    return x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
+
+
+def _binomial_tail_quantile(log_tail: float, n: int, p: float) -> int:
+    """The smallest k in [1, n] with log P(Binomial(n, p) > k) <= ``log_tail``.
+
+    Bisection on ``binom.logsf``: ``binom.isf`` works on the linear tail and returns n once the
+    tail is below about 1e-17 (for example at ε = 8 or δ = 1e-8 with the papers' N), which would
+    make every batch as large as the data set.
+    """
+    lo, hi = 0, n  # the tail above n is empty, so n always qualifies
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if stats.binom.logsf(mid, n, p) <= log_tail:
+            hi = mid
+        else:
+            lo = mid
+    return max(hi, 1)
+
+
 def poisson_batch(
     key: jax.Array, n_records: int | jax.Array, rate: float | jax.Array, capacity: int
 ) -> tuple[jax.Array, jax.Array]:
@@ -84,8 +107,13 @@ def poisson_batch(
     """
     # Geometric(1) is always 1, so rate = 1 takes every record, as it should.
     gaps = jnp.where(rate >= 1, 1, jax.random.geometric(key, jnp.minimum(rate, 1.0), shape=(capacity,)))
+    # A gap past N + 1 already ends the batch, so clipping it changes no batch; it keeps the
+    # cumulative sum far from int64 overflow whatever the sampler returns (JAX before 0.10.2 turned
+    # a uniform draw of exactly 0 into a gap of INT64_MAX, and the wrapped sum then put the last
+    # record into every later slot).  Gaps below 1 would repeat a record.
+    gaps = jnp.clip(gaps, 1, n_records + 1)
     positions = jnp.cumsum(gaps) - 1
-    mask = positions < n_records
+    mask = (positions >= 0) & (positions < n_records)
     return jnp.where(mask, positions, 0), mask
 
 
@@ -113,9 +141,15 @@ def gaussian_noise(key: jax.Array, shape: tuple[int, ...], std: float | jax.Arra
 
 
 def jax_key(seed: np.random.SeedSequence) -> jax.Array:
-    """A JAX (threefry) PRNG key whose 64 bits of key data come from the seed sequence."""
+    """A JAX PRNG key whose 128 bits of key data come from the seed sequence.
+
+    Every noise draw of a fit is a deterministic function of this key, and a guessed key can be
+    checked against a released trace, so its size bounds the work of such a search.  JAX's default
+    threefry2x32 key holds 64 bits; the ``rbg`` implementation holds 128 (streams then depend on
+    the platform: a seeded fit reproduces on the same kind of device).
+    """
     return jax.random.wrap_key_data(
-        jnp.asarray(seed.generate_state(2, dtype=np.uint32)), impl="threefry2x32"
+        jnp.asarray(seed.generate_state(4, dtype=np.uint32)), impl="rbg"
     )
 
 

@@ -48,6 +48,33 @@ def test_a_batch_holds_each_record_at_most_once():
         assert chosen.min() >= 0 and chosen.max() < 1000
 
 
+@pytest.mark.parametrize("slot", [0, 5])
+def test_a_degenerate_geometric_gap_cannot_repeat_a_record(monkeypatch, slot):
+    """JAX before 0.10.2 returned INT64_MAX as a gap for a uniform draw of exactly 0; the int64
+    sum then wrapped negative and the last record filled every later slot of the batch."""
+    honest = jax.random.geometric
+
+    def degenerate(key, p, shape=(), dtype=None):
+        gaps = honest(key, p, shape=shape, dtype=jnp.int64)
+        return gaps.at[slot].set(jnp.iinfo(jnp.int64).max)
+
+    monkeypatch.setattr(jax.random, "geometric", degenerate)
+    for batch in (poisson_batch, jax.jit(poisson_batch, static_argnums=3)):
+        indices, mask = batch(jax.random.key(8), 1000, 0.1, 130)
+        chosen = np.asarray(indices)[np.asarray(mask)]
+        assert ((chosen >= 0) & (chosen < 1000)).all()
+        assert len(np.unique(chosen)) == len(chosen)
+        assert (np.diff(chosen) > 0).all()
+
+
+def test_the_installed_jax_samples_geometric_gaps_of_at_least_one():
+    """The floor in pyproject.toml: a uniform draw of 0 must give a gap of 1, not INT64_MAX."""
+    from importlib.metadata import version
+
+    major, minor, patch = (int(part) for part in version("jax").split(".")[:3])
+    assert (major, minor, patch) >= (0, 10, 2)
+
+
 def test_rate_one_takes_every_record():
     indices, mask = poisson_batch(jax.random.key(0), 7, 1.0, 9)
     assert np.asarray(indices)[np.asarray(mask)].tolist() == list(range(7))
@@ -59,6 +86,23 @@ def test_capacity_makes_overflow_rarer_than_its_delta_share():
     assert sampler.delta_cost(10_000, 1.0) <= 1e-4 * 1e-5
     assert sampler.capacity < 5000 * 0.1 * 1.5
     assert sampler.expected_batch_size == 500
+
+
+@pytest.mark.parametrize(
+    ("n_records", "rate", "epsilon", "delta"),
+    [(30_718, 0.1, 8.0, 1e-5), (30_718, 0.1, 1.0, 1e-8), (30_718, 0.1, 10.0, 1e-5),
+     (100, 0.01, 1.0, 1e-5), (5000, 0.3, 20.0, 1e-12), (1_000_000, 0.001, 2.0, 1e-9)],
+)
+def test_capacity_stays_near_the_expected_batch_at_tiny_tail_budgets(n_records, rate, epsilon, delta):
+    """binom.isf returns N below tail probabilities of about 1e-17: 1/q times the work per step."""
+    steps = 10_000
+    sampler = PoissonSampler.for_target(n_records, rate, steps, epsilon, delta)
+    budget = 1e-4 * delta / ((1 + np.exp(epsilon)) * steps)
+    assert stats.binom.logsf(sampler.capacity, n_records, rate) <= np.log(budget)
+    # The smallest such capacity: one fewer slot would overflow more often than the budget allows.
+    assert stats.binom.logsf(sampler.capacity - 1, n_records, rate) > np.log(budget)
+    assert sampler.capacity < n_records * rate + 20 * np.sqrt(n_records * rate) + 20
+    assert sampler.delta_cost(steps, epsilon) <= 1e-4 * delta * (1 + 1e-9)
 
 
 def test_clipped_rows_have_norm_at_most_the_bound():
@@ -109,3 +153,12 @@ def test_keys_come_from_the_seed_sequence():
     c = jax_key(np.random.SeedSequence(2))
     assert jnp.array_equal(jax.random.key_data(a), jax.random.key_data(b))
     assert not jnp.array_equal(jax.random.key_data(a), jax.random.key_data(c))
+
+
+def test_keys_hold_128_bits_of_seed_entropy():
+    """Every draw of a fit is a function of its key; 64 bits could be searched for."""
+    keys = [jax_key(np.random.SeedSequence(1)) for _ in range(2)]
+    assert jax.random.key_data(keys[0]).nbytes * 8 >= 128
+    # All four words come from the seed sequence, none is a constant.
+    words = np.asarray(jax.random.key_data(keys[0]))
+    np.testing.assert_array_equal(words, np.random.SeedSequence(1).generate_state(4, np.uint32))
