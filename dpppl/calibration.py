@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from dpppl.errors import InvalidPrivacyParameterError
+from dpppl.errors import InvalidPrivacyParameterError, PluginError
 
 #: Calibration stops once ε(σ) lies in [(1 - CALIBRATION_RTOL) · target, target].
 CALIBRATION_RTOL = 0.01
@@ -62,6 +62,8 @@ def calibrate_noise_multiplier(
     ------
     InvalidPrivacyParameterError
         If no σ up to ``max_noise_multiplier`` brings ε down to ``target``.
+    PluginError
+        If ``epsilon_of`` returns NaN or a negative number.
     """
     if not (math.isfinite(initial) and initial > 0):
         raise ValueError(f"initial must be positive and finite, got {initial!r}")
@@ -83,6 +85,14 @@ def calibrate_noise_multiplier(
         x = min(x, log_max)
         sigma = math.exp(x)
         eps = epsilon_of(sigma)
+        # NaN fails every comparison below and would pass for "below the band": refuse it here.
+        # +inf is a valid upper bound (no guarantee at this σ) and counts as above the target.
+        if math.isnan(eps) or eps < 0:
+            raise PluginError(
+                f"the accountant returned epsilon={eps!r} at noise multiplier {sigma:.6g}; an "
+                "accountant must return a finite upper bound on epsilon, so nothing was "
+                "calibrated. Try another accountant (accountant=...) and report this one"
+            )
         if floor <= eps <= target:
             return sigma
         if eps > target:

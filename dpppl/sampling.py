@@ -70,10 +70,11 @@ def plan_fit(
         )
     chosen = choose_accountant(mechanism, accountant)
     plan = mechanism.plan(n_records=n_records, epsilon=epsilon, delta=delta, accountant=chosen)
-    if plan.guarantee == APPROXIMATE_DP and plan.epsilon > epsilon * (1 + _EPSILON_SLACK):
+    # Written as "not <=" so that a NaN epsilon is refused too.
+    if plan.guarantee == APPROXIMATE_DP and not plan.epsilon <= epsilon * (1 + _EPSILON_SLACK):
         raise PluginError(
-            f"mechanism {mechanism.name!r} planned epsilon={plan.epsilon:.6g}, above the requested "
-            f"{epsilon:g}: calibration must never overshoot"
+            f"mechanism {mechanism.name!r} planned epsilon={plan.epsilon:.6g}, not at or below the "
+            f"requested {epsilon:g}: calibration must never overshoot"
         )
     return plan, chosen
 

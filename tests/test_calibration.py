@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dpppl.calibration import calibrate_noise_multiplier
-from dpppl.errors import InvalidPrivacyParameterError
+from dpppl.errors import InvalidPrivacyParameterError, PluginError
 
 
 class Counted:
@@ -86,3 +86,11 @@ def test_an_unreachable_target_is_refused_with_a_reason():
 def test_a_guess_that_is_not_a_positive_number_is_refused(initial):
     with pytest.raises(ValueError, match="initial"):
         calibrate_noise_multiplier(lambda sigma: 1 / sigma, 1.0, initial=initial)
+
+
+@pytest.mark.parametrize("bad", [math.nan, -0.5])
+def test_an_accountant_answer_that_is_not_an_upper_bound_is_refused(bad):
+    """NaN fails every comparison and used to pass for "below the band": σ = 2 came back while the
+    true ε there would be five times the target."""
+    with pytest.raises(PluginError, match="finite upper bound"):
+        calibrate_noise_multiplier(lambda sigma: bad if sigma > 2 else 1 / sigma, 0.1, initial=1.0)

@@ -3,6 +3,8 @@ returns an ArviZ DataTree with the guarantee attached and nothing private in it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import arviz as az
 import jax.monitoring
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 import xarray as xr
 
 import dpppl
+from dpppl.plugins import get_mechanism
 from dpppl import (
     InvalidPrivacyParameterError,
     PluginNotFoundError,
@@ -150,3 +153,19 @@ def test_a_ledger_refuses_a_fit_over_budget_before_it_runs(regression_model):
     with pytest.raises(PrivacyBudgetExceededError, match="over its budget"):
         fit(regression_model, epsilon=1.0, ledger=ledger, accountant="rdp")
     assert len(ledger.entries) == 1 and ledger.spent() == spent
+
+
+def test_a_plan_with_a_nan_epsilon_is_refused_before_the_fit(regression_model, monkeypatch):
+    """A broken mechanism plugin whose plan claims ε = NaN: "NaN > target" is False, so the
+    overshoot guard used to let it through and the fit ran with no guarantee."""
+    mechanism_class = get_mechanism("na-dpvi")
+    honest = mechanism_class.plan
+
+    def nan_plan(self, **kwargs):
+        return dataclasses.replace(honest(self, **kwargs), epsilon=float("nan"))
+
+    monkeypatch.setattr(mechanism_class, "plan", nan_plan)
+    ledger = PrivacyLedger(epsilon=2.0, delta=1e-5)
+    with pytest.raises(dpppl.PluginError, match="never overshoot"):
+        fit(regression_model, ledger=ledger)
+    assert ledger.entries == []

@@ -3,6 +3,7 @@ contract) and :func:`check_accountant` (all of them in one call)."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
@@ -267,6 +268,34 @@ class _AccountantHarness:
                         fix="stop the search only inside the band (dpppl.calibration."
                         "CALIBRATION_RTOL)",
                     )
+        self._check_a_nan_epsilon_stops_calibration()
+
+    def _check_a_nan_epsilon_stops_calibration(self) -> None:
+        """A NaN from ``epsilon()`` fails every comparison, so a search that does not look for it
+        takes it for "below the target" and returns a σ with no guarantee."""
+        family, relation = self.supported[0]
+        broken = copy.copy(self.accountant)
+        asked = []
+
+        def nan_epsilon(*args: Any, **kwargs: Any) -> float:
+            asked.append(True)
+            return math.nan
+
+        broken.epsilon = nan_epsilon
+        try:
+            sigma = broken.noise_multiplier(
+                self.events[family], epsilon=self.targets[0], delta=self.delta, relation=relation
+            )
+        except DPPPLError:
+            return
+        if asked:
+            raise self.fail(
+                "calibration",
+                expected="an error when epsilon() returns NaN during calibration",
+                happened=f"noise_multiplier() returned sigma={sigma!r} from NaN epsilons",
+                fix="treat a NaN epsilon as an accountant failure and raise "
+                "(dpppl.calibrate_noise_multiplier does)",
+            )
 
     def check_composition(self) -> None:
         """Composing never gives less than one part: ε(A then B) ≥ max(ε(A), ε(B)) and
