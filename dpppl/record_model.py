@@ -12,6 +12,8 @@ PyMC's ``logp`` of the free variables in the unconstrained space, transform Jaco
 
 from __future__ import annotations
 
+import functools
+import operator
 import weakref
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -166,7 +168,10 @@ class RecordModel:
             )
             for v in self.structure.variables
         }
-        self._loglik_fn = self._compile_loglik()
+        # One function per term, so that the probe can check each term's record axis.
+        self._terms_fn = jaxify(
+            self.model.value_vars + list(self._batch_inputs.values()), self._record_terms()
+        )
         self._logprior_fn = jaxify(
             self.model.value_vars,
             [
@@ -214,7 +219,9 @@ class RecordModel:
             resized.append(change_dist_size(rv, new_size=new_size, expand=False))
         return resized
 
-    def _compile_loglik(self) -> Callable:
+    def _record_terms(self) -> list[pt.TensorVariable]:
+        """Each observed variable's and record potential's log-density of a batch, summed over
+        everything but the record axis: one entry per record when the model factorises."""
         model = self.model
         batch_size = next(iter(self._batch_inputs.values())).shape[0]
         replacements = self.batch_replacements(batch_size)
@@ -234,13 +241,9 @@ class RecordModel:
             term.sum(axis=tuple(range(1, term.type.ndim))) if term.type.ndim > 1 else term
             for term in terms
         ]
-        total = per_record[0]
-        for term in per_record[1:]:
-            total = total + term
         # Rebuilding (not type-checked replacing) lets numpy-backed arrays, whose static shape says
         # N, take the batch's unknown length.
-        total = clone_replace(total, replacements, rebuild_strict=False)
-        return jaxify(model.value_vars + list(self._batch_inputs.values()), [total])
+        return clone_replace(per_record, replacements, rebuild_strict=False)
 
     def _constrained_names(self) -> list[str]:
         names = [rv.name for rv in self.model.free_RVs]
@@ -269,18 +272,25 @@ class RecordModel:
         return False
 
     def _probe_record_axis(self) -> None:
-        """Check on zero-filled batches that the log-likelihood has exactly one entry per record."""
-        theta = jnp.asarray(self.initial_point())
+        """Check on zero-filled batches that every log-likelihood term has exactly one entry per
+        record.  Each term is checked before the terms are added: a length-1 aggregate (a
+        potential over all records, say) broadcasts against the others and would pass as a sum."""
+        names = [rv.name for rv in self.structure.observed] + [
+            p.name for p in self.structure.record_potentials
+        ]
+        values = self.parameters.unflatten(jnp.asarray(self.initial_point()))
         for size in (1, 3):
-            batch = {
-                v.name: jnp.zeros((size, *v.trailing_shape), dtype=v.dtype)
+            batch = [
+                jnp.zeros((size, *v.trailing_shape), dtype=v.dtype)
                 for v in self.structure.variables
-            }
+            ]
             try:
-                shape = jax.eval_shape(self.loglik, theta, batch).shape
+                shapes = [t.shape for t in jax.eval_shape(self._terms_fn, *values, *batch)]
             except Exception as error:  # noqa: BLE001 - any failure means the same thing here
-                shape = error
-            if shape != (size,):
+                shapes = [error] * len(names)
+            wrong = [(n, s) for n, s in zip(names, shapes, strict=True) if s != (size,)]
+            if wrong:
+                name, shape = wrong[0]
                 suspects = [
                     b.name
                     for b in self.parameters.blocks
@@ -294,8 +304,9 @@ class RecordModel:
                 )
                 raise ModelNotSupportedError(
                     "the model's log-likelihood does not factorise over records along the record "
-                    f"axis (a batch of {size} records gave {shape!r} instead of shape "
-                    f"({size},)).{hint}"
+                    f"axis ({name!r} of a batch of {size} records gave {shape!r} instead of shape "
+                    f"({size},)).{hint} A pm.Potential that reads the data needs one entry per "
+                    "record (leading dimension of length N)"
                 )
 
     # -- public properties ----------------------------------------------------------------------
@@ -373,10 +384,10 @@ class RecordModel:
 
     def loglik(self, theta: jax.Array, batch: Batch) -> jax.Array:
         """Per-record log-likelihood log p(x_i | θ), shape (B,), for a batch of B records."""
-        (out,) = self._loglik_fn(
+        terms = self._terms_fn(
             *self.parameters.unflatten(theta), *(batch[name] for name in self.record_names)
         )
-        return out
+        return functools.reduce(operator.add, terms)
 
     def record_loglik(self, theta: jax.Array, record: Batch) -> jax.Array:
         """log p(x | θ) of one record given without its leading axis (e.g. inside a tilted

@@ -8,6 +8,7 @@ import pytensor.tensor as pt
 import pytest
 
 from dpppl import InvalidDataError, ModelNotSupportedError
+from dpppl.record_model import record_model
 from dpppl.records import find_records
 
 
@@ -96,6 +97,37 @@ def test_a_potential_over_all_records_is_refused():
         pm.Potential("total", -((X - mu) ** 2).sum())
     with pytest.raises(ModelNotSupportedError, match="Potential 'total'.*per-record axis"):
         find_records(model)
+
+
+@pytest.mark.parametrize("aggregate", [
+    lambda mu, X: (mu * X.sum())[None],
+    lambda mu, X: (-((X - mu) ** 2).sum()).reshape((1,)),
+])
+def test_a_length_one_potential_over_all_records_is_refused(aggregate):
+    """A (1,)-shaped aggregate broadcasts against a batch of any size, so the record-axis probe
+    of the summed log-likelihood took it for a per-record term, and the model fitted was silently
+    another one."""
+    with pm.Model(coords={"obs": range(5)}) as model:
+        X = pm.Data("X", np.linspace(0.0, 1.0, 5), dims="obs")
+        mu = pm.Normal("mu", 0, 1)
+        pm.Normal("y", mu * X, 1, observed=np.zeros(5), dims="obs")
+        pm.Potential("agg", aggregate(mu, X))
+    with pytest.raises(ModelNotSupportedError, match=r"'agg'.*gave \(1,\) instead of shape \(3,\)"):
+        record_model(model)
+
+
+def test_a_per_record_potential_is_part_of_the_likelihood():
+    with pm.Model(coords={"obs": range(5)}) as model:
+        X = pm.Data("X", np.linspace(0.0, 1.0, 5), dims="obs")
+        mu = pm.Normal("mu", 0, 1)
+        pm.Normal("y", mu * X, 1, observed=np.zeros(5), dims="obs")
+        pm.Potential("penalty", -((X - mu) ** 2))
+    compiled = record_model(model)
+    theta = np.array([0.3])
+    batch = {name: value[:3] for name, value in compiled.data().items()}
+    x = np.linspace(0.0, 1.0, 5)[:3]
+    expected = -0.5 * (0.3 * x) ** 2 - 0.5 * np.log(2 * np.pi) - (x - 0.3) ** 2
+    np.testing.assert_allclose(np.asarray(compiled.loglik(theta, batch)), expected)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
