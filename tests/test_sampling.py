@@ -13,7 +13,6 @@ import pytest
 import xarray as xr
 
 import dpppl
-from dpppl.plugins import get_mechanism
 from dpppl import (
     InvalidPrivacyParameterError,
     PluginNotFoundError,
@@ -21,6 +20,7 @@ from dpppl import (
     PrivacyLedger,
     PrivacyWarning,
 )
+from dpppl.plugins import get_mechanism
 
 #: A short NA-DPVI run: enough to exercise every step of a fit in seconds.
 FAST = {"steps": 300, "tune": 100, "draws": 100, "chains": 2, "mc_draws": 2}
