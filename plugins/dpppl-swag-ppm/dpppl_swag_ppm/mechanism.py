@@ -34,8 +34,10 @@ from dpppl_swag_ppm.swag import DEFAULT_SCALE, DEFAULT_VAR_FLOOR
 #: The kind of guarantee, as ``dp_guarantee`` states it.
 GUARANTEE = (
     "local asymptotic DP of the pseudo posterior mechanism (not (epsilon, delta)-DP: epsilon is "
-    "2 x a Monte Carlo estimate of the local sensitivity on this data set, per released draw, "
-    "composed over the draws; delta -> 0 as O(n^-1/2) and has no finite-sample value)"
+    "the requested bound on 2 x a Monte Carlo estimate of the local sensitivity on this data set, "
+    "per released draw, composed over the draws; the argument is about exact pseudo-posterior "
+    "draws, not SWAG's Gaussian approximation of them; delta -> 0 as O(n^-1/2) and has no "
+    "finite-sample value)"
 )
 _DELTA_NOTE = (
     "not quantified: delta -> 0 as O(n^-1/2) (Savitsky et al. 2022; SWAG-PPM Appendix C); "
@@ -73,8 +75,11 @@ class SwagPPM(Mechanism):
     3. Optionally (``reweight=True``) the re-weighted round α_i^w = k α_i Δ / Δ_i, calibrated the
        same way.
 
-    The result holds ``draws`` draws of the last fit (among those Δ was computed over), and
-    ``dp_epsilon`` = ``draws`` · 2Δ: each draw is 2Δ-private and they compose by basic composition.
+    The result holds ``draws`` draws of the last fit (among those Δ was computed over).  Each draw
+    is 2Δ-private and they compose by basic composition to ``draws`` · 2Δ, which the calibration
+    keeps at or below the requested ε.  ``dp_epsilon`` is that requested ε: the achieved value is
+    a noise-free statistic of the most extreme weighted record, so it differs between neighbouring
+    data sets and is kept inside the mechanism.
     """
 
     name: ClassVar[str] = "swag-ppm"
@@ -290,7 +295,8 @@ class SwagPPM(Mechanism):
         seed: np.random.SeedSequence,
         progress: Progress,
     ) -> Release:
-        """Run SWAG-PPM and release M draws with their achieved ε (nothing per record).
+        """Run SWAG-PPM and release M draws under the requested ε (nothing per record; not even
+        the achieved ε, which is a statistic of the data).
 
         Raises
         ------
@@ -308,8 +314,6 @@ class SwagPPM(Mechanism):
             model, arrays, SwagTrainer(model, schedule), self.options, jax_key(seed), progress
         )
         outcome = fitter.run(plan.epsilon)
-        details = dict(plan.details)
-        details["per_draw_epsilon"] = outcome.final.epsilon_per_draw
         return Release(
             draws=np.asarray(outcome.released)[None, :, :],
             attrs={
@@ -322,5 +326,7 @@ class SwagPPM(Mechanism):
                 "collections_per_fit": schedule.collections,
                 "preconditioner": schedule.preconditioner,
             },
-            privacy={"epsilon": outcome.epsilon, "details": details},
+            # The requested ε bounds the achieved one by construction; publishing the achieved
+            # value would release max_i |α_i log p(x_i | θ)| without noise.
+            privacy={"epsilon": plan.epsilon, "details": plan.details},
         )

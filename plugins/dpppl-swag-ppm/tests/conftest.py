@@ -27,6 +27,12 @@ def logistic():
 
 
 @pytest.fixture(scope="session")
+def logistic_of_size():
+    """Builds :func:`logistic_model` with a given number of records (neighbours differ by one)."""
+    return lambda n_records: logistic_model(n_records=n_records)
+
+
+@pytest.fixture(scope="session")
 def fast():
     """Small settings that keep a whole SWAG-PPM fit to about a second."""
     return {"warmup_epochs": 20, "swag_epochs": 20, "risk_draws": 200}
