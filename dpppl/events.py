@@ -95,10 +95,21 @@ class GaussianEvent(PrivacyEvent):
 
 @dataclass(frozen=True)
 class PoissonSampledEvent(PrivacyEvent):
-    """``event`` run on a subset in which every record is included independently with probability q."""
+    """``event`` run on a subset in which every record is included independently with probability q.
+
+    ``centred`` declares that every record's contribution to the released sum lies in a ball
+    around zero whose radius is half the replace-one sensitivity (as per-record clipped gradients
+    do: radius C, replace-one sensitivity 2C).  Under replace-one only that makes the noise
+    multiplier determine the subsampled guarantee: the dominating pair is then
+    q·N(−C, s²) + (1 − q)·N(0, s²) against q·N(+C, s²) + (1 − q)·N(0, s²).  A record that moves the
+    sum from 0 to 2C has the same sensitivity but a worse pair, so without the declaration
+    accountants refuse Poisson subsampling under replace-one.
+    """
 
     sampling_probability: float
     event: PrivacyEvent
+    centred: bool = False
+
     kind: ClassVar[str] = "poisson_sampled"
 
     def __post_init__(self) -> None:
@@ -106,17 +117,25 @@ class PoissonSampledEvent(PrivacyEvent):
         if not 0 < q <= 1:
             raise ValueError(f"sampling_probability must be in (0, 1], got {q!r}")
         object.__setattr__(self, "sampling_probability", q)
+        object.__setattr__(self, "centred", bool(self.centred))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "kind": self.kind,
             "sampling_probability": self.sampling_probability,
             "event": self.event.to_dict(),
         }
+        if self.centred:
+            data["centred"] = True
+        return data
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> PoissonSampledEvent:
-        return cls(data["sampling_probability"], event_from_dict(data["event"]))
+        return cls(
+            data["sampling_probability"],
+            event_from_dict(data["event"]),
+            centred=bool(data.get("centred", False)),
+        )
 
 
 @dataclass(frozen=True)
@@ -190,10 +209,23 @@ class ComposedEvent(PrivacyEvent):
 
 
 def poisson_subsampled_gaussian(
-    noise_multiplier: float, sampling_probability: float, steps: int
+    noise_multiplier: float,
+    sampling_probability: float,
+    steps: int,
+    relation: NeighbourRelation = NeighbourRelation.ADD_OR_REMOVE_ONE,
 ) -> PrivacyEvent:
-    """The DP-SGD event: ``steps`` Poisson-subsampled Gaussian releases."""
-    gaussian = GaussianEvent(noise_multiplier)
+    """The DP-SGD event: ``steps`` Poisson-subsampled Gaussian releases of a sum of per-record
+    contributions clipped to norm C, with noise std ``noise_multiplier`` · C.
+
+    Under replace-one the sensitivity is 2C, so the declared Gaussian's multiplier is half
+    ``noise_multiplier``, and the sampling is declared centred (see :class:`PoissonSampledEvent`).
+    """
+    if NeighbourRelation(relation) is NeighbourRelation.REPLACE_ONE:
+        gaussian = GaussianEvent(noise_multiplier / 2)
+    else:
+        gaussian = GaussianEvent(noise_multiplier)
     if sampling_probability == 1:
         return SelfComposedEvent(gaussian, steps)
-    return SelfComposedEvent(PoissonSampledEvent(sampling_probability, gaussian), steps)
+    return SelfComposedEvent(
+        PoissonSampledEvent(sampling_probability, gaussian, centred=True), steps
+    )

@@ -7,9 +7,11 @@ import pytest
 from dpppl.events import (
     ComposedEvent,
     GaussianEvent,
+    NeighbourRelation,
     PoissonSampledEvent,
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
+    event_from_dict,
     event_from_json,
     poisson_subsampled_gaussian,
 )
@@ -26,10 +28,27 @@ def test_events_round_trip_through_json():
 
 
 def test_the_dp_sgd_event_is_a_self_composed_poisson_sampled_gaussian():
+    """Clipped per-record gradients lie in the ball of radius C around zero: declared centred."""
     assert poisson_subsampled_gaussian(1.5, 0.04, 2250) == SelfComposedEvent(
-        PoissonSampledEvent(0.04, GaussianEvent(1.5)), 2250
+        PoissonSampledEvent(0.04, GaussianEvent(1.5), centred=True), 2250
     )
     assert poisson_subsampled_gaussian(2.0, 1.0, 10) == SelfComposedEvent(GaussianEvent(2.0), 10)
+
+
+def test_under_replace_one_the_dp_sgd_event_halves_the_multiplier_for_the_doubled_sensitivity():
+    relation = NeighbourRelation.REPLACE_ONE
+    assert poisson_subsampled_gaussian(3.0, 0.04, 20, relation) == SelfComposedEvent(
+        PoissonSampledEvent(0.04, GaussianEvent(1.5), centred=True), 20
+    )
+
+
+def test_an_event_without_the_centred_declaration_reads_back_as_not_centred():
+    """Events stored before the declaration existed (in ledgers) keep their meaning."""
+    stored = {"kind": "poisson_sampled", "sampling_probability": 0.1,
+              "event": {"kind": "gaussian", "noise_multiplier": 1.0}}
+    assert event_from_dict(stored) == PoissonSampledEvent(0.1, GaussianEvent(1.0))
+    centred = PoissonSampledEvent(0.1, GaussianEvent(1.0), centred=True)
+    assert event_from_json(centred.to_json()) == centred
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from dp_accounting.pld import pld_privacy_accountant
 
 from dpppl.accounting import check_epsilon_delta
 from dpppl.calibration import calibrate_noise_multiplier
-from dpppl.events import NeighbourRelation, PrivacyEvent
+from dpppl.events import (
+    ComposedEvent,
+    GaussianEvent,
+    NeighbourRelation,
+    PoissonSampledEvent,
+    PrivacyEvent,
+)
 from dpppl_dp_accounting.base import DpAccountingAccountant, check_delta, check_epsilon
 from dpppl_dp_accounting.rdp import RdpAccountant
 from dpppl_dp_accounting.translation import neighboring_relation
@@ -62,7 +70,7 @@ class PldAccountant(DpAccountingAccountant):
     def epsilon(self, event: PrivacyEvent, *, delta: float, relation: NeighbourRelation) -> float:
         delta = check_delta(delta)
         self.check(event, relation)
-        scale = RdpAccountant().epsilon(event, delta=delta, relation=relation)
+        scale = _rdp_guide(event, relation).epsilon(delta)
         library = self.composed(
             event, relation, value_discretization_interval=value_discretization_interval(scale)
         )
@@ -91,11 +99,66 @@ class PldAccountant(DpAccountingAccountant):
         """
         epsilon, delta = check_epsilon_delta(epsilon, delta)
         self.check(event_for(initial), relation)
+        guide = _rdp_guide(event_for(initial), relation)
         start = RdpAccountant().noise_multiplier(
-            event_for, epsilon=epsilon, delta=delta, relation=relation, initial=initial
+            lambda sigma: guide.twin(event_for(sigma)),
+            epsilon=epsilon / guide.factor,
+            delta=delta,
+            relation=guide.relation,
+            initial=initial,
         )
         return calibrate_noise_multiplier(
             lambda sigma: self.epsilon(event_for(sigma), delta=delta, relation=relation),
             epsilon,
             initial=start,
         )
+
+
+@dataclass(frozen=True)
+class _RdpGuide:
+    """A close, cheap estimate of ε from the ``rdp`` accountant, for the PLD's discretisation and
+    the start of its calibration (never reported: the PLD's own bound is)."""
+
+    relation: NeighbourRelation
+    twin: Callable[[PrivacyEvent], PrivacyEvent]
+    factor: float
+    event: PrivacyEvent
+
+    def epsilon(self, delta: float) -> float:
+        eps = RdpAccountant().epsilon(self.twin(self.event), delta=delta, relation=self.relation)
+        return self.factor * eps
+
+
+def _rdp_guide(event: PrivacyEvent, relation: NeighbourRelation) -> _RdpGuide:
+    """RDP itself where it accounts the event.  Poisson subsampling under replace-one it does not
+    account; there the add/remove event at the per-record bound (every Gaussian multiplier
+    doubled) guides, and a replacement, one removal and one addition, costs about twice its ε."""
+    relation = NeighbourRelation(relation)
+    if relation is NeighbourRelation.REPLACE_ONE and _has_poisson_sampling(event):
+        return _RdpGuide(NeighbourRelation.ADD_OR_REMOVE_ONE, _per_record_twin, 2.0, event)
+    return _RdpGuide(relation, lambda e: e, 1.0, event)
+
+
+def _has_poisson_sampling(event: PrivacyEvent) -> bool:
+    if isinstance(event, PoissonSampledEvent):
+        return True
+    return any(_has_poisson_sampling(e) for e in _children(event))
+
+
+def _per_record_twin(event: PrivacyEvent) -> PrivacyEvent:
+    """``event`` with every Gaussian multiplier doubled: relative to the per-record bound C
+    instead of the replace-one sensitivity 2C."""
+    if isinstance(event, GaussianEvent):
+        return GaussianEvent(2 * event.noise_multiplier)
+    if isinstance(event, ComposedEvent):
+        return ComposedEvent(tuple(_per_record_twin(e) for e in event.events))
+    if hasattr(event, "event"):
+        return dataclasses.replace(event, event=_per_record_twin(event.event))
+    return event
+
+
+def _children(event: PrivacyEvent) -> tuple[PrivacyEvent, ...]:
+    if isinstance(event, ComposedEvent):
+        return event.events
+    inner = getattr(event, "event", None)
+    return (inner,) if inner is not None else ()

@@ -49,20 +49,22 @@ def to_dp_event(
     ------
     UnsupportedEventError
         For event kinds dp_accounting has no counterpart of, and for Poisson subsampling under
-        replace-one.
+        replace-one unless the event declares centred contributions.
     """
     relation = NeighbourRelation(relation)
     if isinstance(event, GaussianEvent):
         return dpa.GaussianDpEvent(event.noise_multiplier * noise_multiplier_scale)
     if isinstance(event, PoissonSampledEvent):
-        if relation is NeighbourRelation.REPLACE_ONE and event.sampling_probability < 1:
+        replace = relation is NeighbourRelation.REPLACE_ONE and event.sampling_probability < 1
+        if replace and not event.centred:
             # Under replace-one the subsampled release depends on how far each record's own
             # contribution lies from the empty sample's, which a noise multiplier measured against
-            # the replace-one sensitivity does not say; dp_accounting's RDP refuses the case too.
+            # the replace-one sensitivity does not say (see PoissonSampledEvent.centred).
             raise UnsupportedEventError(
-                "Poisson subsampling is accounted under add_or_remove_one only: a noise multiplier "
-                "relative to the replace-one sensitivity does not determine the subsampled "
-                "guarantee; declare the mechanism under add_or_remove_one"
+                "Poisson subsampling under replace_one needs every record's contribution in a ball "
+                "around zero (PoissonSampledEvent(..., centred=True)): a noise multiplier relative "
+                "to the replace-one sensitivity alone does not determine the subsampled "
+                "guarantee; declare it centred if it is, or use add_or_remove_one"
             )
         return dpa.PoissonSampledDpEvent(
             event.sampling_probability,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from dpppl.errors import UnsupportedEventError
@@ -84,9 +86,42 @@ def test_sampling_without_replacement_is_refused_with_the_librarys_reason(pld):
         pld.check(event, REPLACE)
 
 
-def test_poisson_subsampling_under_replace_one_is_refused(pld):
-    with pytest.raises(UnsupportedEventError, match="add_or_remove_one"):
+def test_poisson_subsampling_under_replace_one_is_refused_unless_declared_centred(pld):
+    with pytest.raises(UnsupportedEventError, match="centred"):
         pld.epsilon(PoissonSampledEvent(0.1, GaussianEvent(1.0)), delta=1e-5, relation=REPLACE)
+
+
+@pytest.mark.parametrize("sigma", [3.0, 6.0])
+def test_replace_one_poisson_dp_sgd_costs_more_than_add_or_remove(pld, sigma):
+    """Replacing a record is a removal and an addition: at the same noise relative to the clipping
+    bound, ε under replace-one lies between the add/remove ε and the group-privacy bound 2ε' at
+    δ' = δ / (1 + e^ε')."""
+    def add_remove(delta):
+        event = poisson_subsampled_gaussian(sigma, 0.1, 1000)
+        return pld.epsilon(event, delta=delta, relation=ADD_REMOVE)
+
+    replace = pld.epsilon(poisson_subsampled_gaussian(sigma, 0.1, 1000, REPLACE), delta=1e-5,
+                          relation=REPLACE)
+    group = add_remove(1e-5)
+    for _ in range(5):  # the fixed point ε' = ε_add/remove(δ / (1 + e^ε')), from below
+        group = add_remove(1e-5 / (1 + math.exp(group)))
+    assert add_remove(1e-5) < replace <= 2 * group
+
+
+def test_replace_one_poisson_at_rate_one_is_the_release_with_doubled_sensitivity(pld):
+    replace = poisson_subsampled_gaussian(4.0, 1.0, 10, REPLACE)
+    add_remove_at_2c = poisson_subsampled_gaussian(2.0, 1.0, 10)
+    assert pld.epsilon(replace, delta=1e-5, relation=REPLACE) == pytest.approx(
+        pld.epsilon(add_remove_at_2c, delta=1e-5, relation=ADD_REMOVE), rel=1e-9
+    )
+
+
+def test_replace_one_calibration_lands_in_the_band(pld):
+    def event_for(sigma):
+        return poisson_subsampled_gaussian(sigma, 0.1, 10_000, REPLACE)
+
+    sigma = pld.noise_multiplier(event_for, epsilon=1.0, delta=1e-5, relation=REPLACE)
+    assert 0.99 <= pld.epsilon(event_for(sigma), delta=1e-5, relation=REPLACE) <= 1.0
 
 
 def test_poisson_sampling_of_a_composition_is_refused(pld):

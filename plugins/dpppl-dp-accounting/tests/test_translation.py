@@ -63,8 +63,17 @@ def test_the_noise_multiplier_scale_reaches_every_gaussian():
 
 
 def test_poisson_subsampling_under_replace_one_is_refused_with_a_reason():
-    with pytest.raises(UnsupportedEventError, match="add_or_remove_one"):
+    with pytest.raises(UnsupportedEventError, match="ball around zero"):
         to_dp_event(PoissonSampledEvent(0.1, GaussianEvent(1.0)), REPLACE)
+
+
+def test_centred_poisson_subsampling_under_replace_one_is_dp_accountings_replace_pair():
+    """dp_accounting's REPLACE pair is q·N(±1, s²) + (1 − q)·N(0, s²), s relative to a record's
+    norm bound: half the replace-one sensitivity, hence the scale of 2."""
+    event = PoissonSampledEvent(0.1, GaussianEvent(1.5), centred=True)
+    assert to_dp_event(event, REPLACE, noise_multiplier_scale=2.0) == dpa.PoissonSampledDpEvent(
+        0.1, dpa.GaussianDpEvent(3.0)
+    )
 
 
 def test_poisson_sampling_of_everyone_under_replace_one_is_a_plain_release():

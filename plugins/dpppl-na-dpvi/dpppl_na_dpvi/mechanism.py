@@ -18,7 +18,7 @@ import xarray as xr
 
 from dpppl import Mechanism, PrivacyPlan, Release
 from dpppl.accounting import Accountant
-from dpppl.events import PrivacyEvent, poisson_subsampled_gaussian
+from dpppl.events import NeighbourRelation, PrivacyEvent, poisson_subsampled_gaussian
 from dpppl.privacy import PoissonSampler, jax_key
 from dpppl.progress import Progress
 from dpppl.record_model import RecordModel
@@ -78,6 +78,14 @@ class NADPVI(Mechanism):
         ``"full"``: a full curvature matrix for the μ-coordinates (needed when the posterior is
         correlated); ``"diagonal"``: the paper's diagonal A; ``"auto"`` (default): full for 2 to
         30 model parameters.
+    relation
+        The neighbour relation of the guarantee.  ``"add_or_remove_one"`` (default, the papers'):
+        N, which sizes the batches and weights the prior, is treated as a public constant, so the
+        guarantee is strictly one for neighbours of equal N.  ``"replace_one"``: data sets of the
+        same N that differ in one record, under which N is public by definition; the sensitivity
+        doubles, so about twice the noise is needed for the same ε.  Accounted by ``pld`` only
+        (Poisson subsampling under replace-one, with per-record contributions in the ball of
+        radius C).
     """
 
     name = "na-dpvi"
@@ -100,6 +108,7 @@ class NADPVI(Mechanism):
         subsampling_noise: bool = False
         curvature_prior: Literal["structural", "trace"] = "structural"
         curvature: Literal["auto", "full", "diagonal"] = "auto"
+        relation: Literal["add_or_remove_one", "replace_one"] = "add_or_remove_one"
 
         def __post_init__(self) -> None:
             for name in ("steps", "mc_draws", "tune", "draws", "chains"):
@@ -132,6 +141,11 @@ class NADPVI(Mechanism):
                     "na-dpvi option curvature must be 'auto', 'full' or 'diagonal', got "
                     f"{self.curvature!r}"
                 )
+            if self.relation not in ("add_or_remove_one", "replace_one"):
+                raise ValueError(
+                    "na-dpvi option relation must be 'add_or_remove_one' or 'replace_one', got "
+                    f"{self.relation!r}"
+                )
             if self.inference not in ("nuts", "laplace"):
                 raise ValueError(
                     f"na-dpvi option inference must be 'nuts' or 'laplace', got {self.inference!r}"
@@ -139,9 +153,15 @@ class NADPVI(Mechanism):
 
     # -- privacy ----------------------------------------------------------------------------------
 
+    @property
+    def relation(self) -> NeighbourRelation:  # type: ignore[override]
+        return NeighbourRelation(self.options.relation)
+
     def privacy_event(self, *, n_records: int, noise_multiplier: float) -> PrivacyEvent:
+        # noise_multiplier is relative to the clipping bound C under either relation; the event
+        # builder halves it under replace-one, whose sensitivity is 2C.
         return poisson_subsampled_gaussian(
-            noise_multiplier, self.options.sampling_rate, self.options.steps
+            noise_multiplier, self.options.sampling_rate, self.options.steps, self.relation
         )
 
     def noise_multiplier_guess(self, *, n_records: int, epsilon: float, delta: float) -> float:
@@ -179,6 +199,8 @@ class NADPVI(Mechanism):
                 "accountant_delta": accounted.delta,
                 "truncation_delta": truncation,
                 "releases": "DP-SGD parameter trace and noisy gradient sums",
+                # Under replace-one the sensitivity is 2C, so the event's multiplier is half this.
+                "noise_std": "noise_multiplier x the clipping bound C",
             },
         )
 

@@ -8,6 +8,7 @@ import pymc as pm
 import pytest
 
 import dpppl
+import dpppl.events
 from dpppl.events import poisson_subsampled_gaussian
 from dpppl.plugins import get_accountant, get_mechanism
 from dpppl.testing import example_models
@@ -43,6 +44,29 @@ def test_the_plan_is_the_dp_sgd_event_calibrated_below_target():
     assert details["truncation_delta"] <= 1e-4 * 1e-5
     assert accountant.epsilon(plan.event, delta=details["accountant_delta"],
                               relation=plan.relation) <= 0.5
+
+
+def test_replace_one_neighbours_are_accounted_by_pld_with_twice_the_sensitivity(model):
+    """The rigorous option when N must be public: neighbours of equal size."""
+    add_remove = sample(model)
+    replace = sample(model, relation="replace_one")
+    assert replace.attrs["dp_neighbour_relation"] == "replace_one"
+    assert replace.attrs["dp_accountant"] == "pld"
+    assert 0.99 <= replace.attrs["dp_epsilon"] <= 1.0
+    # About twice the noise relative to the clipping bound for the same ε.
+    ratio = replace.attrs["dp_noise_multiplier"] / add_remove.attrs["dp_noise_multiplier"]
+    assert 1.5 < ratio < 2.2
+    event = dpppl.events.event_from_json(replace.attrs["dp_event"])
+    assert event == poisson_subsampled_gaussian(
+        replace.attrs["dp_noise_multiplier"], 0.1, FAST["steps"], dpppl.NeighbourRelation.REPLACE_ONE
+    )
+
+
+def test_replace_one_with_an_accountant_that_cannot_bound_it_spends_nothing(model):
+    ledger = dpppl.PrivacyLedger(epsilon=5.0, delta=1e-5, relation="replace_one", accountant="pld")
+    with pytest.raises(dpppl.UnsupportedEventError, match="rdp"):
+        sample(model, relation="replace_one", accountant="rdp", ledger=ledger)
+    assert ledger.entries == []
 
 
 def test_the_result_holds_the_trace_and_the_post_processing_posterior(model):
