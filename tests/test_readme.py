@@ -35,3 +35,24 @@ def test_the_set_up_installs_every_plugin_distribution():
         f"plugins/{path.parent.name}" for path in (ROOT / "plugins").glob("*/pyproject.toml")
     }
     assert installed == present
+
+
+def _privacy_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Privacy guarantees and their limits")
+    return " ".join(text[start : text.index("\n## ", start + 1)].split())
+
+
+def test_the_privacy_section_states_who_sees_error_messages():
+    """Refusing NaN data is a one-bit function of the data that no ε covers."""
+    section = _privacy_section()
+    assert "error messages go to the data holder only" in section
+    assert "one bit" in section
+
+
+def test_the_privacy_section_says_under_which_relation_n_is_public():
+    section = _privacy_section()
+    assert "Under replace-one neighbours" in section and "N is public by definition" in section
+    assert 'relation="replace_one"' in section
+    assert "must not be derived from the private data" in section
+    assert "accounts exactly" not in (ROOT / "README.md").read_text()
