@@ -34,6 +34,8 @@ class Registry:
 
 _manager: pluggy.PluginManager | None = None
 _registry: Registry | None = None
+#: Providers of the plugins loaded one by one under DPPPL_LOAD_PLUGINS, which pluggy does not record.
+_selected_distributions: dict[str, str] = {}
 
 
 def _load_entry_points(manager: pluggy.PluginManager) -> None:
@@ -47,7 +49,11 @@ def _load_entry_points(manager: pluggy.PluginManager) -> None:
             continue
         for ep in dist.entry_points:
             if ep.group == GROUP and manager.get_plugin(ep.name) is None:
-                manager.register(ep.load(), name=ep.name)
+                plugin = ep.load()
+                manager.register(plugin, name=ep.name)
+                _selected_distributions[plugin.__name__.split(".")[0]] = (
+                    f"{dist.metadata['Name']} {dist.version}"
+                )
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
@@ -80,13 +86,25 @@ def reset_registry() -> None:
     _registry = None
 
 
-def _provider(obj: object) -> str:
-    """'distribution version' of the installed distribution that holds ``obj``'s module."""
+def _distributions() -> dict[str, str]:
+    """'distribution version' by top-level package, for the plugins loaded from entry points.
+
+    Read from pluggy's record of where each plugin came from: scanning every installed
+    distribution (``importlib.metadata.packages_distributions``) took seconds of every first fit.
+    """
+    loaded = {
+        plugin.__name__.split(".")[0]: f"{dist.project_name} {dist.version}"
+        for plugin, dist in get_plugin_manager().list_plugin_distinfo()
+        if hasattr(plugin, "__name__")
+    }
+    return {**_selected_distributions, **loaded}
+
+
+def _provider(obj: object, distributions: dict[str, str]) -> str:
+    """'distribution version' of the plugin that holds ``obj``'s module; the module itself for a
+    plugin registered by hand."""
     module = getattr(obj, "__module__", "") or ""
-    package = module.split(".")[0]
-    for dist_name in importlib.metadata.packages_distributions().get(package, []):
-        return f"{dist_name} {importlib.metadata.version(dist_name)}"
-    return module or repr(obj)
+    return distributions.get(module.split(".")[0]) or module or repr(obj)
 
 
 def registry() -> Registry:
@@ -96,25 +114,32 @@ def registry() -> Registry:
         return _registry
     hook = get_plugin_manager().hook
     result = Registry()
-    hook.register_mechanisms(register=_registering(result, "mechanism", Mechanism))
-    hook.register_accountants(register=_registering(result, "accountant", Accountant))
+    distributions = _distributions()
+    hook.register_mechanisms(
+        register=_registering(result, "mechanism", Mechanism, distributions)
+    )
+    hook.register_accountants(
+        register=_registering(result, "accountant", Accountant, distributions)
+    )
 
     def register_diagnostic(name: str, function: Callable) -> None:
         if name in result.diagnostics and result.diagnostics[name] is not function:
             raise PluginError(f"diagnostic {name!r} is registered twice")
         result.diagnostics[name] = function
-        result.providers[("diagnostic", name)] = _provider(function)
+        result.providers[("diagnostic", name)] = _provider(function, distributions)
 
     hook.register_diagnostics(register=register_diagnostic)
     _registry = result
     return result
 
 
-def _registering(result: Registry, kind: str, base: type) -> Callable[[type], None]:
+def _registering(
+    result: Registry, kind: str, base: type, distributions: dict[str, str]
+) -> Callable[[type], None]:
     table = result.mechanisms if kind == "mechanism" else result.accountants
 
     def register(cls: type) -> None:
-        provider = _provider(cls)
+        provider = _provider(cls, distributions)
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise PluginError(f"{provider} registered {cls!r}, which is not a {base.__name__} subclass")
         name = getattr(cls, "name", None)
