@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from dpppl.errors import DPPPLError, InvalidDataError
+from dpppl.user_cache import cache_dir
 
 #: Environment variable naming the data folder.
 DATA_ENV = "DPPPL_DATA"
@@ -118,12 +119,6 @@ class DatasetDownloadError(DPPPLError, OSError):
 
 
 # -- where the data are --------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """The user cache folder for data: ``$XDG_CACHE_HOME/dpppl``, else ``~/.cache/dpppl``."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "dpppl"
 
 
 def checkout_data_dir() -> Path | None:

@@ -8,8 +8,10 @@ post-processing are not accurate enough in 32-bit floats.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import jax
 import pytensor.tensor as pt
@@ -21,7 +23,52 @@ from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import graph_inputs
 from pytensor.link.jax.dispatch import jax_funcify
 
+from dpppl.user_cache import cache_dir
+
 jax.config.update("jax_enable_x64", True)
+
+#: Compilations shorter than this are not written to the persistent cache (JAX's default: 1 s).
+PERSISTENT_CACHE_MIN_COMPILE_SECONDS = 0.0
+
+
+def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path | None:
+    """Keep compiled XLA programs on disk, so that a new process (the ``dpppl`` command, a TARP
+    worker, a notebook kernel) does not compile a model structure again.
+
+    The programs hold the model's structure only: record data are inputs of every compiled
+    function, never constants in it.  Called when dpppl is imported, with the folder
+    ``DPPPL_COMPILATION_CACHE`` names, else ``compilation/`` in the user cache folder
+    (:func:`dpppl.user_cache.cache_dir`); ``DPPPL_COMPILATION_CACHE=off`` turns it off.  A folder
+    the user already gave JAX (``jax_compilation_cache_dir``) is left as it is.
+
+    Parameters
+    ----------
+    directory
+        Where to keep the programs; None for the default above.
+
+    Returns
+    -------
+    pathlib.Path or None
+        The folder in use, or None when the cache is off.
+    """
+    if jax.config.jax_compilation_cache_dir:
+        return Path(jax.config.jax_compilation_cache_dir)
+    setting = os.environ.get("DPPPL_COMPILATION_CACHE", "")
+    if directory is None and setting.lower() in ("off", "0", "false", "no"):
+        return None
+    path = Path(directory or setting or cache_dir() / "compilation")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None  # a read-only home: run without the cache rather than fail
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update(
+        "jax_persistent_cache_min_compile_time_secs", PERSISTENT_CACHE_MIN_COMPILE_SECONDS
+    )
+    return path
+
+
+enable_compilation_cache()
 
 
 def _freeze_shared_variables(outputs: list[Variable], inputs: list[Variable]) -> list[Variable]:
