@@ -12,9 +12,14 @@ PyMC's ``logp`` of the free variables in the unconstrained space, transform Jaco
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
+import hashlib
 import operator
+import os
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,9 +32,10 @@ import pytensor.tensor as pt
 from pymc.distributions.shape_utils import change_dist_size
 from pymc.logprob.basic import transformed_conditional_logp
 from pytensor.compile.sharedvalue import SharedVariable
-from pytensor.graph.basic import Constant
+from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.replace import clone_replace
-from pytensor.graph.traversal import ancestors
+from pytensor.graph.traversal import ancestors, toposort
+from pytensor.tensor.random.type import RandomGeneratorType
 
 from dpppl.errors import InvalidDataError, ModelNotSupportedError
 from dpppl.jax_compile import jaxify
@@ -130,11 +136,149 @@ def softplus_inverse(x: np.ndarray | float) -> np.ndarray:
     return x + np.log(-np.expm1(-x))
 
 
+@dataclass(frozen=True)
+class RecordSpec:
+    """The structure of one record array: its name, trailing shape and dtype (never its values)."""
+
+    name: str
+    trailing_shape: tuple[int, ...]
+    dtype: str
+
+
+class CompiledRecordModel:
+    """The compiled, data-free part of a record model, shared by every model of one structure.
+
+    It holds the JAX functions, the parameter layout, the record arrays' names, shapes and dtypes,
+    and what mechanisms compiled from them (:meth:`cache`), and nothing of any data set: record
+    arrays are function inputs.  :func:`record_model` looks it up by :func:`structure_key`, so a
+    freshly built model of the same structure reuses every compilation of the ones before it.
+    """
+
+    def __init__(
+        self,
+        *,
+        parameters: ParameterSpace,
+        records: tuple[RecordSpec, ...],
+        term_names: tuple[str, ...],
+        constrained_names: tuple[str, ...],
+        initial_theta: np.ndarray,
+        terms_fn: Callable,
+        logprior_fn: Callable,
+        constrain_fn: Callable,
+    ):
+        self.parameters = parameters
+        self.records = records
+        self.term_names = term_names
+        self.constrained_names = list(constrained_names)
+        self.initial_theta = initial_theta
+        self.terms_fn = terms_fn
+        self.logprior_fn = logprior_fn
+        self.constrain_fn = constrain_fn
+        # Mechanisms may compile N into what they cache (batch shapes, step sizes), so their
+        # artefacts are kept per N.
+        self._caches: dict[int, dict[Hashable, Any]] = {}
+
+    def cache(self, n_records: int) -> dict[Hashable, Any]:
+        """The artefacts mechanisms compiled for data sets of ``n_records`` records."""
+        return self._caches.setdefault(int(n_records), {})
+
+
+def structure_key(
+    inputs: list[Variable], outputs: list[Variable], metadata: Hashable
+) -> Hashable:
+    """A key that two graphs share exactly when they compute the same function of ``inputs``.
+
+    Apply nodes are identified by their Op (PyTensor Ops compare by their properties) and their
+    inputs' positions; constants and non-random shared variables by type and a digest of their
+    values, which are public model structure (record arrays are among ``inputs``); random
+    generators by type only, as the log-densities do not draw from them.  An Op that compares by
+    identity makes the key unique to one model: a missed reuse, never a wrong one.
+    """
+    index: dict[Variable, int] = {v: i for i, v in enumerate(inputs)}
+    items: list[Hashable] = [("input", v.type) for v in inputs]
+
+    def ref(variable: Variable) -> int:
+        if variable not in index:
+            index[variable] = len(items)
+            items.append(_leaf_key(variable))
+        return index[variable]
+
+    for node in toposort(outputs):
+        refs = tuple(ref(v) for v in node.inputs)
+        items.append((node.op, refs, tuple(o.type for o in node.outputs)))
+        for position, output in enumerate(node.outputs):
+            index[output] = len(items) - 1 if position == 0 else (len(items) - 1, position)
+    return (tuple(items), tuple(index[v] for v in outputs), metadata)
+
+
+def _leaf_key(variable: Variable) -> Hashable:
+    if isinstance(variable, SharedVariable):
+        if isinstance(variable.type, RandomGeneratorType):
+            return ("rng", variable.type)
+        return ("shared", variable.type, _digest(variable.get_value(borrow=True)))
+    if isinstance(variable, Constant):
+        return ("constant", variable.type, _digest(variable.data))
+    # A free root the caller did not declare as an input: only this very variable matches.
+    return ("root", id(variable))
+
+
+def _digest(value: Any) -> str:
+    array = np.asarray(value)
+    if array.dtype == object:
+        return f"object:{id(value)}"
+    hashed = hashlib.blake2b(digest_size=16)
+    hashed.update(f"{array.dtype.str}{array.shape}".encode())
+    hashed.update(np.ascontiguousarray(array).tobytes())
+    return hashed.hexdigest()
+
+
+class _CompiledCache:
+    """A bounded LRU of compiled record models, so that memory stays flat however many models a
+    process builds: the least recently used structure is dropped with everything compiled for it."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: OrderedDict[Hashable, CompiledRecordModel] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Hashable, build: Callable[[], CompiledRecordModel]) -> CompiledRecordModel:
+        if key in self._entries:
+            self.hits += 1
+            self._entries.move_to_end(key)
+            return self._entries[key]
+        self.misses += 1
+        compiled = build()
+        self._entries[key] = compiled
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return compiled
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+#: Model structures whose compiled code a process keeps (``DPPPL_COMPILED_MODELS`` overrides).
+COMPILED_MODELS = int(os.environ.get("DPPPL_COMPILED_MODELS", "16"))
+_COMPILED = _CompiledCache(COMPILED_MODELS)
+
+
+def compiled_models() -> _CompiledCache:
+    """The process's cache of compiled model structures (``len()``, ``hits``, ``misses``,
+    ``clear()``)."""
+    return _COMPILED
+
+
 class RecordModel:
     """A PyMC model compiled to JAX as a function of θ and a batch of records.
 
-    Use :func:`record_model` to get one: it is cached per model, so repeated fits, simulated data
-    sets and TARP replicates reuse one compilation.
+    Use :func:`record_model` to get one.  The compiled part (:attr:`compiled`) is shared by every
+    model of the same structure, so fits of freshly built models, simulated data sets and TARP
+    replicates reuse one compilation.  The model itself is held weakly: what mechanisms compile
+    and cache may keep a ``RecordModel`` alive, and it must not keep a data set alive.
 
     Parameters
     ----------
@@ -145,53 +289,105 @@ class RecordModel:
 
     Attributes
     ----------
-    model
-        The PyMC model.
-    structure
-        The records found in it (see :func:`dpppl.records.find_records`).
+    compiled
+        The shared, data-free compiled structure.
     parameters
         Layout of the unconstrained parameter vector θ.
     """
 
     def __init__(self, model: pm.Model, structure: RecordStructure):
-        self.model = model
-        self.structure = structure
-        self.parameters = ParameterSpace.from_model(model)
-        if self.parameters.size == 0:
-            raise ModelNotSupportedError(
-                "the model has no free parameter to infer; add a prior for what you want to learn"
-            )
-        self._cache: dict[Hashable, Any] = {}
+        self._model = weakref.ref(model)
+        # Holds the structure (and through it the data) only while the model lives.
+        self._structures: weakref.WeakKeyDictionary[pm.Model, RecordStructure] = (
+            weakref.WeakKeyDictionary({model: structure})
+        )
+        self._n_records = structure.n_records
+        self._record_dim = structure.dim
         self._batch_inputs = {
             v.name: pt.tensor(
                 name=f"{v.name}_batch", dtype=v.dtype, shape=(None, *v.trailing_shape)
             )
-            for v in self.structure.variables
+            for v in structure.variables
         }
-        # One function per term, so that the probe can check each term's record axis.
-        self._terms_fn = jaxify(
-            self.model.value_vars + list(self._batch_inputs.values()), self._record_terms()
+        parameters = ParameterSpace.from_model(model)
+        if parameters.size == 0:
+            raise ModelNotSupportedError(
+                "the model has no free parameter to infer; add a prior for what you want to learn"
+            )
+        constrained_names = tuple(self._constrained_names())
+        terms = self._record_terms()
+        logprior = model.logp(
+            vars=model.free_RVs + list(structure.prior_potentials), jacobian=True
         )
-        self._logprior_fn = jaxify(
-            self.model.value_vars,
-            [
-                self.model.logp(
-                    vars=self.model.free_RVs + list(self.structure.prior_potentials),
-                    jacobian=True,
-                )
-            ],
+        constrained = model.replace_rvs_by_values(
+            [model[name] for name in constrained_names]
         )
-        self.constrained_names = self._constrained_names()
-        self._constrain_fn = jaxify(
-            self.model.value_vars,
-            self.model.replace_rvs_by_values(
-                [self.model[name] for name in self.constrained_names]
-            ),
+        initial_theta = parameters.flatten(model.initial_point())
+        inputs = model.value_vars + list(self._batch_inputs.values())
+        records = tuple(
+            RecordSpec(v.name, tuple(v.trailing_shape), v.dtype) for v in structure.variables
         )
-        self._probe_record_axis()
+        term_names = tuple(rv.name for rv in structure.observed) + tuple(
+            p.name for p in structure.record_potentials
+        )
+        metadata = (
+            parameters, records, term_names, constrained_names, _digest(initial_theta),
+            structure.dim, len(terms), 1,
+        )
+        key = structure_key(inputs, [*terms, logprior, *constrained], metadata)
+
+        def build() -> CompiledRecordModel:
+            compiled = CompiledRecordModel(
+                parameters=parameters,
+                records=records,
+                term_names=term_names,
+                constrained_names=constrained_names,
+                initial_theta=initial_theta,
+                # One function per term, so that the probe can check each term's record axis.
+                terms_fn=jaxify(inputs, terms),
+                logprior_fn=jaxify(model.value_vars, [logprior]),
+                constrain_fn=jaxify(model.value_vars, constrained),
+            )
+            _probe_record_axis(compiled, structure.n_records)
+            return compiled
+
+        self.compiled = _COMPILED.get(key, build)
+
+    # -- the model and its records, while the model lives ---------------------------------------
+
+    @property
+    def model(self) -> pm.Model:
+        """The PyMC model."""
+        model = self._model()
+        if model is None:
+            raise ReferenceError(
+                "the PyMC model of this RecordModel no longer exists; call dpppl.record_model(model) "
+                "on a live model"
+            )
+        return model
+
+    @property
+    def structure(self) -> RecordStructure:
+        """The records found in the model (see :func:`dpppl.records.find_records`)."""
+        return self._structures[self.model]
+
+    @structure.setter
+    def structure(self, structure: RecordStructure) -> None:
+        self._structures[self.model] = structure
+        self._n_records = structure.n_records
+        self._record_dim = structure.dim
+
+    def with_n_records(self, n_records: int) -> RecordModel:
+        """This model as mechanisms see a data set of ``n_records`` records: the same compiled
+        structure, with the artefacts mechanisms cache for that N."""
+        view = copy.copy(self)
+        view._structures = weakref.WeakKeyDictionary(
+            {self.model: dataclasses.replace(self.structure, n_records=int(n_records))}
+        )
+        view._n_records = int(n_records)
+        return view
 
     # -- construction -------------------------------------------------------------------------
-
     def batch_replacements(self, batch_size: pt.TensorVariable) -> dict:
         """Graph replacements that stand the symbolic batch inputs in for the model's record
         arrays and ``batch_size`` for the length of its record dimension.
@@ -271,58 +467,30 @@ class RecordModel:
                     return True
         return False
 
-    def _probe_record_axis(self) -> None:
-        """Check on zero-filled batches that every log-likelihood term has exactly one entry per
-        record.  Each term is checked before the terms are added: a length-1 aggregate (a
-        potential over all records, say) broadcasts against the others and would pass as a sum."""
-        names = [rv.name for rv in self.structure.observed] + [
-            p.name for p in self.structure.record_potentials
-        ]
-        values = self.parameters.unflatten(jnp.asarray(self.initial_point()))
-        for size in (1, 3):
-            batch = [
-                jnp.zeros((size, *v.trailing_shape), dtype=v.dtype)
-                for v in self.structure.variables
-            ]
-            try:
-                shapes = [t.shape for t in jax.eval_shape(self._terms_fn, *values, *batch)]
-            except Exception as error:  # noqa: BLE001 - any failure means the same thing here
-                shapes = [error] * len(names)
-            wrong = [(n, s) for n, s in zip(names, shapes, strict=True) if s != (size,)]
-            if wrong:
-                name, shape = wrong[0]
-                suspects = [
-                    b.name
-                    for b in self.parameters.blocks
-                    if b.shape and b.shape[0] == self.n_records
-                ]
-                hint = (
-                    f" Free variable(s) {suspects} have one entry per record: dpppl supports only "
-                    "global parameters."
-                    if suspects
-                    else ""
-                )
-                raise ModelNotSupportedError(
-                    "the model's log-likelihood does not factorise over records along the record "
-                    f"axis ({name!r} of a batch of {size} records gave {shape!r} instead of shape "
-                    f"({size},)).{hint} A pm.Potential that reads the data needs one entry per "
-                    "record (leading dimension of length N)"
-                )
-
     # -- public properties ----------------------------------------------------------------------
+
+    @property
+    def parameters(self) -> ParameterSpace:
+        """Layout of the unconstrained parameter vector θ."""
+        return self.compiled.parameters
+
+    @property
+    def constrained_names(self) -> list[str]:
+        """Free variables and the deterministics that read no data, as the posterior names them."""
+        return self.compiled.constrained_names
 
     @property
     def n_records(self) -> int:
         """N, the number of records the model holds."""
-        return self.structure.n_records
+        return self._n_records
 
     @property
     def record_dim(self) -> str | None:
-        return self.structure.dim
+        return self._record_dim
 
     @property
     def record_names(self) -> tuple[str, ...]:
-        return self.structure.names
+        return tuple(r.name for r in self.compiled.records)
 
     @property
     def n_params(self) -> int:
@@ -331,7 +499,7 @@ class RecordModel:
 
     def initial_point(self) -> np.ndarray:
         """PyMC's initial point of the model, as a flat unconstrained θ."""
-        return self.parameters.flatten(self.model.initial_point())
+        return self.compiled.initial_theta.copy()
 
     def data(self) -> dict[str, np.ndarray]:
         """The record arrays the model holds (the private data set)."""
@@ -346,7 +514,7 @@ class RecordModel:
             If a record array is missing, has the wrong trailing shape, a different number of
             records than the others, or values that are not finite.
         """
-        expected = {v.name: v for v in self.structure.variables}
+        expected = {r.name: r for r in self.compiled.records}
         unknown = sorted(set(data) - set(expected))
         missing = sorted(set(expected) - set(data))
         if unknown or missing:
@@ -384,7 +552,7 @@ class RecordModel:
 
     def loglik(self, theta: jax.Array, batch: Batch) -> jax.Array:
         """Per-record log-likelihood log p(x_i | θ), shape (B,), for a batch of B records."""
-        terms = self._terms_fn(
+        terms = self.compiled.terms_fn(
             *self.parameters.unflatten(theta), *(batch[name] for name in self.record_names)
         )
         return functools.reduce(operator.add, terms)
@@ -401,7 +569,7 @@ class RecordModel:
     def logprior(self, theta: jax.Array) -> jax.Array:
         """log p(θ) in the unconstrained space, including the log-Jacobian of PyMC's transforms
         and the potentials that do not depend on the data."""
-        (out,) = self._logprior_fn(*self.parameters.unflatten(theta))
+        (out,) = self.compiled.logprior_fn(*self.parameters.unflatten(theta))
         return out
 
     def logp(self, theta: jax.Array, batch: Batch) -> jax.Array:
@@ -411,7 +579,7 @@ class RecordModel:
     def constrain(self, theta: jax.Array) -> dict[str, jax.Array]:
         """Named, constrained values of the free variables (and of deterministics that do not
         depend on the data) at θ."""
-        values = self._constrain_fn(*self.parameters.unflatten(theta))
+        values = self.compiled.constrain_fn(*self.parameters.unflatten(theta))
         return dict(zip(self.constrained_names, values, strict=True))
 
     # -- the mean-field Gaussian ELBO (NA-DPVI paper, eq. A57) ------------------------------------
@@ -452,12 +620,48 @@ class RecordModel:
     def cached(self, key: Hashable, factory: Callable[[], Any]) -> Any:
         """Return the object stored under ``key``, building it with ``factory`` the first time.
 
-        Mechanisms keep their compiled (jitted) functions here, so they live exactly as long as
-        the model and are reused by every fit of it.
+        Mechanisms keep their compiled (jitted) functions here.  The store belongs to the
+        compiled structure and the number of records, so every model of the same structure and N
+        reuses what the first one built, and it lives as long as the structure stays in the
+        process's bounded cache (:func:`compiled_models`).  ``factory`` may close over this
+        ``RecordModel``, which holds its model weakly; it must not close over data.
         """
-        if key not in self._cache:
-            self._cache[key] = factory()
-        return self._cache[key]
+        cache = self.compiled.cache(self.n_records)
+        if key not in cache:
+            cache[key] = factory()
+        return cache[key]
+
+
+def _probe_record_axis(compiled: CompiledRecordModel, n_records: int) -> None:
+    """Check on zero-filled batches that every log-likelihood term has exactly one entry per
+    record.  Each term is checked before the terms are added: a length-1 aggregate (a potential
+    over all records, say) broadcasts against the others and would pass as a sum."""
+    values = compiled.parameters.unflatten(jnp.asarray(compiled.initial_theta))
+    names = compiled.term_names
+    for size in (1, 3):
+        batch = [jnp.zeros((size, *r.trailing_shape), dtype=r.dtype) for r in compiled.records]
+        try:
+            shapes = [t.shape for t in jax.eval_shape(compiled.terms_fn, *values, *batch)]
+        except Exception as error:  # noqa: BLE001 - any failure means the same thing here
+            shapes = [error] * len(names)
+        wrong = [(n, s) for n, s in zip(names, shapes, strict=True) if s != (size,)]
+        if wrong:
+            name, shape = wrong[0]
+            suspects = [
+                b.name for b in compiled.parameters.blocks if b.shape and b.shape[0] == n_records
+            ]
+            hint = (
+                f" Free variable(s) {suspects} have one entry per record: dpppl supports only "
+                "global parameters."
+                if suspects
+                else ""
+            )
+            raise ModelNotSupportedError(
+                "the model's log-likelihood does not factorise over records along the record "
+                f"axis ({name!r} of a batch of {size} records gave {shape!r} instead of shape "
+                f"({size},)).{hint} A pm.Potential that reads the data needs one entry per "
+                "record (leading dimension of length N)"
+            )
 
 
 def per_example_grad(fn: Callable[..., jax.Array], n_args: int = 0) -> Callable[..., jax.Array]:
@@ -478,21 +682,31 @@ def per_example_grad(fn: Callable[..., jax.Array], n_args: int = 0) -> Callable[
 _MODELS: weakref.WeakKeyDictionary[pm.Model, dict] = weakref.WeakKeyDictionary()
 
 
-def _model_signature(model: pm.Model) -> tuple:
-    return tuple(model.named_vars), tuple(model.rvs_to_values)
+def _model_signature(model: pm.Model, structure: RecordStructure) -> tuple:
+    """What tells a model's compilation apart from the one before it: its variables, and the values
+    of its non-record shared data, which are compiled in as constants (``pm.set_data`` on them
+    changes the function; on the records it does not)."""
+    records = {v.variable for v in structure.variables}
+    shared = tuple(
+        (v.name, _digest(v.get_value(borrow=True)))
+        for v in model.data_vars
+        if isinstance(v, SharedVariable) and v not in records
+    )
+    return tuple(model.named_vars), tuple(model.rvs_to_values), shared
 
 
 def record_model(model: pm.Model | None = None, records: str | None = None) -> RecordModel:
     """The compiled :class:`RecordModel` of ``model`` (or of the model in the ``with`` context).
 
-    Compiled once per model and record dimension and cached for as long as the model lives; a
-    model to which variables were added since is compiled again.
+    The compilation is looked up by the model's structure (its graph, with the record arrays as
+    inputs, and N), so a freshly built model of the same structure as one before it compiles
+    nothing; a bounded number of structures is kept (:func:`compiled_models`).
     """
     model = pm.modelcontext(model)
     # Checked on every call: pm.set_data may have changed the data (and N) since the last one.
     structure = find_records(model, records)
     entry = _MODELS.setdefault(model, {})
-    signature = (_model_signature(model), records)
+    signature = (_model_signature(model, structure), records, structure.n_records)
     if signature not in entry:
         entry.clear()
         entry[signature] = RecordModel(model, structure)

@@ -113,6 +113,9 @@ class Simulator:
 
         prior = [*pm_model.free_RVs, *(_unconstrained(pm_model, rv) for rv in pm_model.free_RVs)]
         self._prior_fn = pm.compile([], prior)
+        # The simulator is shared by every model of this structure (it is cached on the compiled
+        # structure), so it keeps names, not the model.
+        self._free_names = tuple(rv.name for rv in pm_model.free_RVs)
         self._data_rngs = _random_generators(forward)
         self._prior_rngs = _random_generators(prior)
 
@@ -153,9 +156,10 @@ class Simulator:
         """
         reseed_rngs(self._prior_rngs, seed.generate_state(4))
         outputs = self._prior_fn()
-        n_free = len(self.model.model.free_RVs)
-        names = [rv.name for rv in self.model.model.free_RVs]
-        values = dict(zip(names, (np.asarray(v) for v in outputs[:n_free]), strict=True))
+        n_free = len(self._free_names)
+        values = dict(
+            zip(self._free_names, (np.asarray(v) for v in outputs[:n_free]), strict=True)
+        )
         unconstrained = {
             block.value_name: value
             for block, value in zip(self.model.parameters.blocks, outputs[n_free:], strict=True)
@@ -255,7 +259,7 @@ class Simulator:
         # covariates' shapes, dtypes, lengths and values exactly as it does real data.
         placeholders = {
             v.name: np.zeros((n or 1, *v.trailing_shape), dtype=v.dtype)
-            for v in self.model.structure.variables
+            for v in self.model.compiled.records
             if v.name not in self.covariate_names
         }
         checked = self.model.check_data({**covariates, **placeholders})

@@ -18,7 +18,6 @@ The replicates run on :func:`dpppl.executors.map_chunks`: local processes by def
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import inspect
@@ -346,19 +345,11 @@ def _records_view(model: RecordModel, n_records: int) -> RecordModel:
 
     Mechanisms read N from ``model.n_records`` (to plan the noise, set step sizes, scale
     priors), so a data set of another size needs a view that reports its N.  The view shares
-    the compiled functions; it has its own cache, because mechanisms may compile N into what
-    they cache.  It is cached on ``model``, so every study at this N reuses its compilations.
+    the compiled structure, and with it what mechanisms compiled for that N.
     """
     if n_records == model.n_records:
         return model
-
-    def build() -> RecordModel:
-        view = copy.copy(model)
-        view.structure = dataclasses.replace(model.structure, n_records=int(n_records))
-        view._cache = {}
-        return view
-
-    return model.cached(("dpppl.tarp_study.records_view", n_records), build)
+    return model.with_n_records(n_records)
 
 
 def add_tarp(

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import gc
+import hashlib
+import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pymc as pm
 import pytest
 
-from dpppl.record_model import per_example_grad, record_model, softplus_inverse
+from dpppl.record_model import (
+    compiled_models,
+    per_example_grad,
+    record_model,
+    softplus_inverse,
+)
 
 
 def _point(model, theta):
@@ -205,3 +214,89 @@ def test_numpy_and_pm_data_observations_give_the_same_loglik(observed_as):
     np.testing.assert_allclose(
         compiled.loglik(theta, compiled.data()), pm.logp(pm.Normal.dist(0.4, 1), y).eval()
     )
+
+
+# -- one compilation per model structure ----------------------------------------------------------
+
+
+def _beta_bernoulli(y, a=1.0, b=1.0):
+    with pm.Model(coords={"obs": range(len(y))}) as model:
+        p = pm.Beta("p", a, b)
+        pm.Bernoulli("y", p=p, observed=y, dims="obs")
+    return model
+
+
+def test_freshly_built_models_of_one_structure_share_one_compilation():
+    """Users rebuild their model for every fit; the data and N are inputs, not structure."""
+    rng = np.random.default_rng(0)
+    first = record_model(_beta_bernoulli(rng.binomial(1, 0.3, 50)))
+    again = record_model(_beta_bernoulli(rng.binomial(1, 0.7, 50)))
+    bigger = record_model(_beta_bernoulli(rng.binomial(1, 0.3, 80)))
+    assert again is not first
+    assert again.compiled is first.compiled and bigger.compiled is first.compiled
+    assert (again.n_records, bigger.n_records) == (50, 80)
+
+
+def test_another_prior_is_another_structure():
+    y = np.ones(20, dtype=int)
+    assert record_model(_beta_bernoulli(y, 2.0)).compiled is not record_model(
+        _beta_bernoulli(y)
+    ).compiled
+
+
+def test_mechanism_caches_are_kept_per_number_of_records():
+    """Mechanisms may compile N into what they cache."""
+    small = record_model(_beta_bernoulli(np.ones(30, dtype=int)))
+    large = record_model(_beta_bernoulli(np.ones(60, dtype=int)))
+    small.cached("n", lambda: 30)
+    assert large.cached("n", lambda: 60) == 60
+    assert record_model(_beta_bernoulli(np.zeros(30, dtype=int))).cached("n", lambda: 0) == 30
+
+
+def test_set_data_on_data_that_are_not_records_changes_the_function():
+    """Non-record pm.Data are compiled in as constants: a new value must not be served stale."""
+    with pm.Model() as model:
+        scale = pm.Data("scale", 1.0)
+        mu = pm.Normal("mu", 0, scale)
+        pm.Normal("y", mu, 1, observed=np.zeros(10))
+    theta = np.array([1.0])
+    before = float(record_model(model).logprior(theta))
+    with model:
+        pm.set_data({"scale": 2.0})
+    after = float(record_model(model).logprior(theta))
+    assert after == pytest.approx(before + np.log(0.5) + 0.5 - 0.125)
+
+
+def test_a_model_is_freed_when_its_user_drops_it():
+    """What mechanisms cache is shared by structure and may keep a RecordModel alive; that must
+    not keep the model, and with it a data set, alive."""
+    model = _beta_bernoulli(np.ones(25, dtype=int))
+    compiled = record_model(model)
+    compiled.cached("closure", lambda: (lambda: compiled.n_records))
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
+    with pytest.raises(ReferenceError, match="no longer exists"):
+        compiled.data()
+
+
+def test_the_process_keeps_a_bounded_number_of_structures(monkeypatch):
+    monkeypatch.setattr(compiled_models(), "size", 3)
+    y = np.ones(10, dtype=int)
+    for a in np.linspace(1.0, 2.0, 6):
+        record_model(_beta_bernoulli(y, a))
+    assert len(compiled_models()) <= 3
+
+
+def test_the_structure_key_holds_no_record_value():
+    """Keys are compared and kept in memory: the records are inputs, so none of their values (or
+    digests of them) may be part of one."""
+    y = np.zeros(40, dtype=int)
+    y[7] = 1
+    compiled = record_model(_beta_bernoulli(y))
+    hashed = hashlib.blake2b(digest_size=16)
+    hashed.update(f"{y.dtype.str}{y.shape}".encode())
+    hashed.update(y.tobytes())
+    key = next(k for k, v in compiled_models()._entries.items() if v is compiled.compiled)
+    assert hashed.hexdigest() not in repr(key)

@@ -12,6 +12,7 @@ Sentinels: a float with many recognisable digits, a large float, and a large int
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import warnings
@@ -281,3 +282,63 @@ def test_the_command_line_refuses_bad_data_without_quoting_it(project, tmp_path)
     assert run.returncode != 0
     assert "Traceback" not in run.stderr
     assert_no_sentinel_text(run.stdout + run.stderr, "the command's error output")
+
+
+_FIT_IN_A_NEW_PROCESS = """
+import numpy as np, pymc as pm, dpppl
+x, y, counts = {data}
+with pm.Model(coords={{"obs": range(len(x))}}) as model:
+    X = pm.Data("X", np.array(x), dims="obs")
+    intercept = pm.Normal("intercept", 0, 5)
+    slope = pm.Normal("slope", 0, 5)
+    sigma = pm.HalfNormal("sigma", 2)
+    pm.Normal("y", intercept + slope * X, sigma, observed=np.array(y), dims="obs")
+    pm.Poisson("count", pm.math.exp(intercept / 10), observed=np.array(counts), dims="obs")
+    dpppl.sample(mechanism={mechanism!r}, epsilon=1.0, delta=1e-5, progressbar=False, **{options})
+"""
+
+
+@pytest.mark.parametrize(("mechanism", "options"), [
+    ("na-dpvi", NA_DPVI_FAST), ("dp-sep", {"passes": 2}), ("swag-ppm", SWAG_PPM_FAST),
+])
+def test_the_persistent_compilation_cache_holds_no_record_value(tmp_path, mechanism, options):
+    """Compiled programs are kept on disk between processes: record data must be inputs of every
+    compiled function, never constants baked into one."""
+    x, y, counts = sentinel_data(np.random.default_rng(0))
+    data = (x.tolist(), y.tolist(), counts.tolist())
+    script = _FIT_IN_A_NEW_PROCESS.format(data=data, mechanism=mechanism, options=options)
+    cache = tmp_path / "compilation"
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True,
+                          text=True, env={**os.environ, "DPPPL_COMPILATION_CACHE": str(cache)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    entries = _compilation_cache_entries(cache)
+    assert entries, "the fit wrote no compiled program to the cache"
+    for name, content in entries.items():
+        assert_no_sentinel_bytes(content, f"the compilation cache entry {name}")
+
+
+def test_the_compilation_cache_search_finds_a_constant_baked_into_a_program(tmp_path):
+    """The search above is not blind: a function that closes over the data does leak into it."""
+    script = (
+        "import jax, jax.numpy as jnp, dpppl\n"
+        f"data = jnp.array([{FLOAT_SENTINEL!r}, 1.0, 2.0, 3.0])\n"
+        "jax.jit(lambda t: jnp.sum(data * t))(2.0).block_until_ready()\n"
+    )
+    cache = tmp_path / "compilation"
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
+                   env={**os.environ, "DPPPL_COMPILATION_CACHE": str(cache)})
+    with pytest.raises(AssertionError, match="sentinel"):
+        for name, content in _compilation_cache_entries(cache).items():
+            assert_no_sentinel_bytes(content, name)
+
+
+def _compilation_cache_entries(cache: Path) -> dict[str, bytes]:
+    """The serialised programs in a JAX compilation cache, decompressed (JAX stores them
+    compressed, so the raw files would hide any constant)."""
+    compilation_cache = pytest.importorskip(
+        "jax._src.compilation_cache", reason="reads JAX's own cache format"
+    )
+    return {
+        path.name: compilation_cache.decompress_executable(path.read_bytes())
+        for path in cache.rglob("*-cache")
+    }
