@@ -9,13 +9,14 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from dpppl.accounting import Accountant, PrivacyLedger, check_epsilon_delta
+from dpppl.accounting import Accountant, check_epsilon_delta
 from dpppl.errors import (
     InvalidPrivacyParameterError,
     PluginError,
     PluginNotFoundError,
     PrivacyWarning,
 )
+from dpppl.ledger import PrivacyLedger
 from dpppl.mechanism import APPROXIMATE_DP, Mechanism, PrivacyPlan, Release
 from dpppl.plugins import get_accountant, get_mechanism, provider, registry
 from dpppl.progress import Progress

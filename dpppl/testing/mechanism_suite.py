@@ -18,7 +18,7 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from dpppl.accounting import Accountant, PrivacyLedger
+from dpppl.accounting import Accountant
 from dpppl.calibration import CALIBRATION_RTOL
 from dpppl.errors import (
     DPPPLError,
@@ -29,6 +29,7 @@ from dpppl.errors import (
     PluginNotFoundError,
 )
 from dpppl.events import GaussianEvent, PrivacyEvent, event_from_json
+from dpppl.ledger import PrivacyLedger
 from dpppl.mechanism import APPROXIMATE_DP, Mechanism, PrivacyPlan
 from dpppl.plugins import get_accountant, get_mechanism, provider, registry
 from dpppl.record_model import RecordModel, record_model
