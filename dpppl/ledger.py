@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,18 @@ from dpppl.events import ComposedEvent, NeighbourRelation, PrivacyEvent, event_f
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """One charge on a ledger: what ran, under which relation, and what it claimed on its own."""
+    """One charge on a ledger: what ran, under which relation, and what it claimed on its own.
+
+    ``extra_delta`` is the part of ``delta`` the fit spent outside ``event`` (see
+    :attr:`dpppl.mechanism.PrivacyPlan.extra_delta`).
+    """
 
     event: PrivacyEvent
     relation: NeighbourRelation
     label: str
     epsilon: float
     delta: float
+    extra_delta: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -33,6 +39,7 @@ class LedgerEntry:
             "label": self.label,
             "epsilon": self.epsilon,
             "delta": self.delta,
+            "extra_delta": self.extra_delta,
         }
 
     @classmethod
@@ -43,6 +50,7 @@ class LedgerEntry:
             label=data["label"],
             epsilon=float(data["epsilon"]),
             delta=float(data["delta"]),
+            extra_delta=float(data.get("extra_delta", 0.0)),
         )
 
 
@@ -102,25 +110,76 @@ class PrivacyLedger:
 
         return get_accountant(self.accountant)()
 
-    def _epsilon_of(self, events: list[PrivacyEvent]) -> float:
+    def _extra_delta(self, epsilon: float, extra_delta: float) -> float:
+        """A fit's ``extra_delta``, reported at its own ``epsilon``, at the budget's ε.
+
+        It is a total-variation term (1 + e^ε)·η, which grows with ε; it is never taken below
+        what the fit reported.
+        """
+        if extra_delta == 0:
+            return 0.0
+        growth = _log1p_exp(self.epsilon) - _log1p_exp(epsilon)
+        return extra_delta * math.exp(max(growth, 0.0))
+
+    def _epsilon_of(self, events: list[PrivacyEvent], extra_delta: float) -> float:
+        """ε of ``events`` composed at the ledger's δ less the δ the fits spent outside them."""
         if not events:
             return 0.0
+        if extra_delta >= self.delta:
+            raise PrivacyBudgetExceededError(
+                f"the fits spend delta={extra_delta:.4g} outside their declared events, which uses "
+                f"up the ledger's delta={self.delta:g}; nothing was run"
+            )
         return self._accountant().epsilon(
-            ComposedEvent(tuple(events)), delta=self.delta, relation=self.relation
+            ComposedEvent(tuple(events)), delta=self.delta - extra_delta, relation=self.relation
         )
 
-    def spent(self) -> float:
-        """ε of all charges so far, composed by the accountant at the ledger's δ."""
-        return self._epsilon_of([e.event for e in self.entries])
+    def _composed(self, entries: list[LedgerEntry]) -> tuple[list[PrivacyEvent], float]:
+        events = [e.event for e in entries]
+        return events, sum(self._extra_delta(e.epsilon, e.extra_delta) for e in entries)
 
-    def check(self, event: PrivacyEvent | None, relation: NeighbourRelation) -> float:
+    def spent(self) -> float:
+        """ε of all charges so far at the ledger's δ.
+
+        The accountant composes their events at the ledger's δ less the δ the fits spent outside
+        their events (:attr:`LedgerEntry.extra_delta`).
+        """
+        return self._epsilon_of(*self._composed(self.entries))
+
+    def check(
+        self,
+        event: PrivacyEvent | None,
+        relation: NeighbourRelation,
+        *,
+        epsilon: float = 0.0,
+        extra_delta: float = 0.0,
+    ) -> float:
         """ε the ledger would have spent after charging ``event``; raise if over budget.
+
+        Parameters
+        ----------
+        event, relation
+            The fit's declared event and neighbour relation.
+        epsilon, extra_delta
+            The fit's own ε, and the part of its δ spent outside ``event``
+            (:attr:`dpppl.mechanism.PrivacyPlan.extra_delta`), which the ledger rescales from
+            ``epsilon`` to its budget's ε (0 rescales it the most).
 
         Raises
         ------
         PrivacyBudgetExceededError
             If the composition would exceed the budget, or the event cannot be composed here.
         """
+        return self._spent_after(self.entries, event, relation, epsilon, extra_delta)
+
+    def _spent_after(
+        self,
+        entries: list[LedgerEntry],
+        event: PrivacyEvent | None,
+        relation: NeighbourRelation,
+        epsilon: float,
+        extra_delta: float,
+    ) -> float:
         if event is None:
             raise PrivacyBudgetExceededError(
                 "this mechanism declares no accountable privacy event (its guarantee is of another "
@@ -131,17 +190,21 @@ class PrivacyLedger:
                 f"the ledger is kept under {self.relation.value} but this fit is private under "
                 f"{NeighbourRelation(relation).value}; use a ledger with relation={relation!r}"
             )
+        events, extra = self._composed(entries)
         try:
-            after = self._epsilon_of([e.event for e in self.entries] + [event])
+            after = self._epsilon_of(
+                [*events, event], extra + self._extra_delta(epsilon, extra_delta)
+            )
         except UnsupportedEventError as error:
             raise PrivacyBudgetExceededError(
                 f"the ledger's accountant {self.accountant!r} cannot compose this fit: {error}"
             ) from error
         if after > self.epsilon:
             raise PrivacyBudgetExceededError(
-                f"this fit would bring the ledger to epsilon={after:.4g} at delta={self.delta:g}, over "
-                f"its budget of epsilon={self.epsilon:g} (spent so far: {self.spent():.4g}); "
-                "nothing was run. Ask for a smaller epsilon or use a new data set"
+                f"this fit would bring the ledger to epsilon={after:.4g} at delta={self.delta:g}, "
+                f"over its budget of epsilon={self.epsilon:g} (spent so far: "
+                f"{self._epsilon_of(events, extra):.4g}); nothing was run. Ask for a smaller "
+                "epsilon or use a new data set"
             )
         return after
 
@@ -153,10 +216,17 @@ class PrivacyLedger:
         label: str,
         epsilon: float,
         delta: float,
+        extra_delta: float = 0.0,
     ) -> float:
-        """Check ``event`` against the budget, record it, and return ε spent after it."""
-        after = self.check(event, relation)
-        self.entries.append(LedgerEntry(event, NeighbourRelation(relation), label, epsilon, delta))
+        """Check ``event`` against the budget, record it, and return ε spent after it.
+
+        ``epsilon``, ``delta`` and ``extra_delta`` are the fit's own guarantee and the part of its
+        δ spent outside ``event`` (see :meth:`check`).
+        """
+        after = self._spent_after(self.entries, event, relation, epsilon, extra_delta)
+        self.entries.append(
+            LedgerEntry(event, NeighbourRelation(relation), label, epsilon, delta, extra_delta)
+        )
         if self.path is not None:
             self.save(self.path)
         return after
@@ -175,3 +245,8 @@ class PrivacyLedger:
                 indent=2,
             )
         )
+
+
+def _log1p_exp(x: float) -> float:
+    """log(1 + e^x) without overflow."""
+    return x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))

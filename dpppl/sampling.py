@@ -76,6 +76,11 @@ def plan_fit(
             f"mechanism {mechanism.name!r} planned epsilon={plan.epsilon:.6g}, above the requested "
             f"{epsilon:g}: calibration must never overshoot"
         )
+    if not 0 <= plan.extra_delta < plan.delta:
+        raise PluginError(
+            f"mechanism {mechanism.name!r} planned extra_delta={plan.extra_delta!r}, outside "
+            f"[0, delta={plan.delta:g}): it is the part of delta spent outside the event"
+        )
     return plan, chosen
 
 
@@ -157,7 +162,12 @@ def sample(
     )
     if ledger is not None:
         ledger.charge(
-            plan.event, plan.relation, label=mechanism, epsilon=plan.epsilon, delta=plan.delta
+            plan.event,
+            plan.relation,
+            label=mechanism,
+            epsilon=plan.epsilon,
+            delta=plan.delta,
+            extra_delta=plan.extra_delta,
         )
     release, seeded = run_mechanism(
         mechanism_obj,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from dpppl.errors import InvalidPrivacyParameterError, PrivacyBudgetExceededError
+import dpppl
+from dpppl import InvalidPrivacyParameterError, PrivacyBudgetExceededError, PrivacyLedger
 from dpppl.events import (
     ComposedEvent,
     GaussianEvent,
@@ -15,7 +17,6 @@ from dpppl.events import (
     SelfComposedEvent,
     poisson_subsampled_gaussian,
 )
-from dpppl.ledger import PrivacyLedger
 from dpppl.plugins import get_accountant
 
 ADD_REMOVE = NeighbourRelation.ADD_OR_REMOVE_ONE
@@ -97,3 +98,39 @@ def test_a_mechanism_without_an_accountable_event_is_refused():
     ledger = PrivacyLedger(epsilon=3.0, delta=DELTA)
     with pytest.raises(PrivacyBudgetExceededError, match="no accountable privacy event"):
         ledger.charge(None, ADD_REMOVE, label="swag", epsilon=1.0, delta=DELTA)
+
+
+# δ spent outside the declared events ----------------------------------------------------------
+
+
+def test_the_ledger_counts_the_delta_a_fit_spends_outside_its_event(model_factories):
+    # NA-DPVI truncates batches to a fixed shape and pays for it with a share of δ that lies
+    # outside its event; a ledger with the fit's own budget must spend at least the fit's ε.
+    model = model_factories["linear_regression"](np.random.default_rng(1))
+    ledger = PrivacyLedger(epsilon=1.0, delta=DELTA)
+    with model:
+        result = dpppl.sample(
+            mechanism="na-dpvi", epsilon=1.0, delta=DELTA, ledger=ledger, random_seed=0,
+            progressbar=False, steps=300, tune=100, draws=100, chains=2, mc_draws=2,
+        )
+    assert json.loads(result.attrs["dp_privacy_details"])["truncation_delta"] > 0
+    assert ledger.spent() >= result.attrs["dp_epsilon"]
+
+
+def test_a_charge_whose_extra_delta_uses_up_the_ledgers_delta_is_refused():
+    ledger = PrivacyLedger(epsilon=3.0, delta=DELTA, accountant="rdp")
+    with pytest.raises(PrivacyBudgetExceededError, match="outside their declared events"):
+        ledger.charge(FIT, ADD_REMOVE, label="fit", epsilon=0.72, delta=DELTA, extra_delta=DELTA)
+    assert ledger.entries == []
+
+
+def test_extra_delta_is_rescaled_from_the_fits_epsilon_to_the_budgets():
+    # (1 + e^ε)·η reported at the fit's ε = 0.72 costs (1 + e^3)·η at the budget's ε = 3.
+    rdp = get_accountant("rdp")()
+    ledger = PrivacyLedger(epsilon=3.0, delta=DELTA, accountant="rdp")
+    eta = 1e-8
+    spent = ledger.charge(
+        FIT, ADD_REMOVE, label="fit", epsilon=0.72, delta=DELTA, extra_delta=(1 + np.exp(0.72)) * eta
+    )
+    at = DELTA - (1 + np.exp(3.0)) * eta
+    assert spent == pytest.approx(rdp.epsilon(FIT, delta=at, relation=ADD_REMOVE), rel=1e-12)
