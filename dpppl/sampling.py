@@ -76,7 +76,8 @@ def plan_fit(
             f"mechanism {mechanism.name!r} planned epsilon={plan.epsilon:.6g}, above the requested "
             f"{epsilon:g}: calibration must never overshoot"
         )
-    if not 0 <= plan.extra_delta < plan.delta:
+    # 0 needs no check: a guarantee of another kind may have no finite delta.
+    if plan.extra_delta != 0 and not 0 < plan.extra_delta < plan.delta:
         raise PluginError(
             f"mechanism {mechanism.name!r} planned extra_delta={plan.extra_delta!r}, outside "
             f"[0, delta={plan.delta:g}): it is the part of delta spent outside the event"
