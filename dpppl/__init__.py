@@ -7,7 +7,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from dpppl.accounting import Accountant, PrivacyLedger
+from dpppl.accounting import Accountant
 from dpppl.calibration import calibrate_noise_multiplier
 from dpppl.errors import (
     DPPPLError,
@@ -22,6 +22,7 @@ from dpppl.errors import (
 )
 from dpppl.events import NeighbourRelation
 from dpppl.hookspecs import hookimpl
+from dpppl.ledger import PrivacyLedger
 from dpppl.mechanism import Mechanism, PrivacyPlan, Release
 from dpppl.record_model import RecordModel, record_model
 from dpppl.results import privacy_statement

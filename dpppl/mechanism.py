@@ -56,6 +56,13 @@ class PrivacyPlan:
         What kind of guarantee this is, in words (``"(epsilon, delta)-DP"`` for accounted ones).
     details
         Other public facts of the plan (sampling rate, steps, sensitivity...), JSON-compatible.
+    extra_delta
+        The part of ``delta`` the mechanism spends outside ``event``, for example on batches it
+        truncates to a fixed shape: ``epsilon`` is the accountant's bound for ``event`` at
+        ``delta - extra_delta``.  A ledger composes its events at its own δ less the sum of these.
+        It is a total-variation term, (1 + e^ε)·η for a mechanism within total variation η of the
+        declared one; the ledger assumes it grows with ε no faster than that and rescales it from
+        ``epsilon`` to the ledger's budget.
     """
 
     epsilon: float
@@ -66,6 +73,7 @@ class PrivacyPlan:
     noise_multiplier: float | None = None
     guarantee: str = APPROXIMATE_DP
     details: dict[str, Any] = field(default_factory=dict)
+    extra_delta: float = 0.0
 
 
 @dataclass

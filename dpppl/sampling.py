@@ -9,13 +9,14 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from dpppl.accounting import Accountant, PrivacyLedger, check_epsilon_delta
+from dpppl.accounting import Accountant, check_epsilon_delta
 from dpppl.errors import (
     InvalidPrivacyParameterError,
     PluginError,
     PluginNotFoundError,
     PrivacyWarning,
 )
+from dpppl.ledger import PrivacyLedger
 from dpppl.mechanism import APPROXIMATE_DP, Mechanism, PrivacyPlan, Release
 from dpppl.plugins import get_accountant, get_mechanism, provider, registry
 from dpppl.progress import Progress
@@ -75,6 +76,12 @@ def plan_fit(
         raise PluginError(
             f"mechanism {mechanism.name!r} planned epsilon={plan.epsilon:.6g}, not at or below the "
             f"requested {epsilon:g}: calibration must never overshoot"
+        )
+    # 0 needs no check: a guarantee of another kind may have no finite delta.
+    if plan.extra_delta != 0 and not 0 < plan.extra_delta < plan.delta:
+        raise PluginError(
+            f"mechanism {mechanism.name!r} planned extra_delta={plan.extra_delta!r}, outside "
+            f"[0, delta={plan.delta:g}): it is the part of delta spent outside the event"
         )
     return plan, chosen
 
@@ -157,7 +164,12 @@ def sample(
     )
     if ledger is not None:
         ledger.charge(
-            plan.event, plan.relation, label=mechanism, epsilon=plan.epsilon, delta=plan.delta
+            plan.event,
+            plan.relation,
+            label=mechanism,
+            epsilon=plan.epsilon,
+            delta=plan.delta,
+            extra_delta=plan.extra_delta,
         )
     release, seeded = run_mechanism(
         mechanism_obj,

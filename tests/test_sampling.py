@@ -18,12 +18,18 @@ import xarray as xr
 import dpppl
 from dpppl import (
     InvalidPrivacyParameterError,
+    Mechanism,
+    PluginError,
     PluginNotFoundError,
     PrivacyBudgetExceededError,
     PrivacyLedger,
+    PrivacyPlan,
     PrivacyWarning,
 )
+from dpppl.events import GaussianEvent
 from dpppl.plugins import get_mechanism
+from dpppl.record_model import record_model
+from dpppl.sampling import plan_fit
 
 #: A short NA-DPVI run: enough to exercise every step of a fit in seconds.
 FAST = {"steps": 300, "tune": 100, "draws": 100, "chains": 2, "mc_draws": 2}
@@ -146,6 +152,23 @@ def test_refusals_spend_no_budget(regression_model):
     with pytest.raises(PluginNotFoundError):
         fit(regression_model, mechanism="magic", ledger=ledger)
     assert ledger.entries == []
+
+
+class _SpendsItsDeltaOutsideItsEvent(Mechanism):
+    name = "spends-delta-outside-its-event"
+
+    def plan(self, *, n_records, epsilon, delta, accountant):
+        return PrivacyPlan(epsilon=epsilon, delta=delta, relation=self.relation,
+                           event=GaussianEvent(50.0), accountant="rdp", extra_delta=delta)
+
+    def fit(self, model, data, plan, *, seed, progress):  # pragma: no cover - must not run
+        raise AssertionError("a refused plan must not be fitted")
+
+
+def test_a_plan_that_spends_all_its_delta_outside_its_event_is_refused(regression_model):
+    with pytest.raises(PluginError, match="extra_delta"):
+        plan_fit(_SpendsItsDeltaOutsideItsEvent(), record_model(regression_model),
+                 epsilon=1.0, delta=1e-5)
 
 
 def test_a_ledger_refuses_a_fit_over_budget_before_it_runs(regression_model):

@@ -242,6 +242,21 @@ def test_a_copy_that_declares_more_noise_than_it_adds_fails(broken):
     assert "return GaussianEvent(noise_multiplier)" in message
 
 
+def test_a_copy_that_spends_delta_outside_its_event_without_calibrating_for_it_fails(broken):
+    class UncountedExtraDelta(_example()):
+        name = "broken_extra_delta"
+
+        def plan(self, **kwargs):
+            plan = super().plan(**kwargs)
+            return dataclasses.replace(plan, extra_delta=plan.delta / 2)
+
+    broken(UncountedExtraDelta)
+    checks = {str(c): c for c in mechanism_checks("broken_extra_delta", options=FAST)}
+    with pytest.raises(ConformanceError) as caught:
+        checks["declared privacy event"]()
+    assert "the plan's delta less its extra_delta" in str(caught.value)
+
+
 def test_a_copy_that_ignores_the_seed_fails(broken):
     class FixedSeed(_example()):
         name = "broken_seed"

@@ -18,7 +18,7 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from dpppl.accounting import Accountant, PrivacyLedger
+from dpppl.accounting import Accountant
 from dpppl.calibration import CALIBRATION_RTOL
 from dpppl.errors import (
     DPPPLError,
@@ -29,6 +29,7 @@ from dpppl.errors import (
     PluginNotFoundError,
 )
 from dpppl.events import GaussianEvent, PrivacyEvent, event_from_json
+from dpppl.ledger import PrivacyLedger
 from dpppl.mechanism import APPROXIMATE_DP, Mechanism, PrivacyPlan
 from dpppl.plugins import get_accountant, get_mechanism, provider, registry
 from dpppl.record_model import RecordModel, record_model
@@ -279,7 +280,7 @@ class _MechanismHarness:
 
     def check_privacy_event(self) -> str | None:
         """The plan declares an event consistent with itself: the accountant bounds the event
-        at the plan's δ by at most the plan's ε (≤ the target, ≥ (1 − CALIBRATION_RTOL) of it);
+        at the plan's δ less its ``extra_delta`` by at most the plan's ε (≤ the target, ≥ (1 − CALIBRATION_RTOL) of it);
         the event's Gaussian noise multipliers are at most the plan's σ; ``privacy_event`` at the
         plan's σ gives the plan's event, and more noise gives a smaller ε; the event survives
         JSON; the relation is the mechanism's."""
@@ -321,12 +322,15 @@ class _MechanismHarness:
                 "dpppl.calibrate_noise_multiplier) instead of choosing it by hand",
             )
         accountant = get_accountant(plan.accountant)()
-        bound = accountant.epsilon(plan.event, delta=plan.delta, relation=plan.relation)
+        # δ spent outside the event (extra_delta) is not the event's to use.
+        event_delta = plan.delta - plan.extra_delta
+        bound = accountant.epsilon(plan.event, delta=event_delta, relation=plan.relation)
         if bound > plan.epsilon * (1 + 1e-6):
             raise self.fail(
                 "declared privacy event",
                 expected=f"the accountant {plan.accountant!r} to bound the declared event by at "
-                f"most the planned epsilon={plan.epsilon:.6g} at delta={plan.delta:g}",
+                f"most the planned epsilon={plan.epsilon:.6g} at delta={event_delta:g} (the "
+                "plan's delta less its extra_delta)",
                 happened=f"it bounds it by {bound:.6g}: the plan claims more privacy than the "
                 f"event it declares ({plan.event.to_json()})",
                 fix="take the plan's epsilon from the accountant for exactly the declared event",
@@ -826,8 +830,8 @@ def check_mechanism(
         Registered through the ``register_mechanisms`` hook under its ``name``; options are a
         dataclass; unknown options are refused.
     declared privacy event
-        The plan's event, accounted by the plan's accountant at the plan's δ, gives at most the
-        plan's ε, which lies within ``CALIBRATION_RTOL`` below the target; the event claims no
+        The plan's event, accounted by the plan's accountant at the plan's δ less its
+        ``extra_delta``, gives at most the plan's ε, which lies within ``CALIBRATION_RTOL`` below the target; the event claims no
         more noise than the plan's noise multiplier and depends on it; it survives JSON.  Mechanisms whose
         guarantee is of another kind (no event) must say so and name no accountant.
     result layout

@@ -191,6 +191,7 @@ class NADPVI(Mechanism):
         return dataclasses.replace(
             accounted,
             delta=delta,
+            extra_delta=truncation,
             details={
                 "steps": self.options.steps,
                 "sampling": "poisson",

@@ -42,6 +42,7 @@ def test_the_plan_is_the_dp_sgd_event_calibrated_below_target():
     details = plan.details
     assert details["accountant_delta"] + details["truncation_delta"] <= 1e-5
     assert details["truncation_delta"] <= 1e-4 * 1e-5
+    assert plan.extra_delta == details["truncation_delta"]  # a ledger subtracts it from its δ
     assert accountant.epsilon(plan.event, delta=details["accountant_delta"],
                               relation=plan.relation) <= 0.5
 
