@@ -319,7 +319,9 @@ def without_records(
     For a process that must compute with the model but not see its data (a TARP study's
     workers, which simulate their data sets).  ``RecordModel(*without_records(model, structure))``
     has the model's parameter space, log prior and per-record log-likelihood of any batch, and
-    simulates as the model does.
+    simulates as the model does.  Compile the copy with the structure returned, not with
+    :func:`record_model`: finding the records again in a one-record model can mistake another
+    array of length 1 for a record.
 
     Kept: the free variables (in the model's order, with their priors, transforms, dims and
     initial values), the observed variables, the potentials, the ``pm.Data`` they read, and the
@@ -364,14 +366,14 @@ def without_records(
         return copied
 
     placeholders = {
-        v.name: _placeholder(v.variable, np.zeros((1, *v.trailing_shape), dtype=v.dtype))
+        v.name: _placeholder(v.variable, v.name, np.zeros((1, *v.trailing_shape), dtype=v.dtype))
         for v in structure.variables
     }
     replacements = {in_fgraph(v.variable): placeholders[v.name] for v in structure.variables}
     dim_length = None
     if structure.dim_length is not None:
         dim_length = _placeholder(
-            structure.dim_length, np.array(1, dtype=structure.dim_length.dtype)
+            structure.dim_length, structure.dim, np.array(1, dtype=structure.dim_length.dtype)
         )
         replacements[in_fgraph(structure.dim_length)] = dim_length
 
@@ -439,10 +441,10 @@ def _without_initial_values(model: pm.Model) -> pm.Model:
     return view
 
 
-def _placeholder(variable: Variable, value: np.ndarray) -> Variable:
-    """``value`` in a shared variable that can stand in for ``variable``: no static length, as a
-    record array has.  Shared even where ``variable`` is a constant (a numpy array): PyMC's
-    rewrites merge equal constants, and placeholders are all zeros, so two constant placeholders
-    could become one input and the record model would feed both from the same batch array."""
+def _placeholder(variable: Variable, name: str, value: np.ndarray) -> Variable:
+    """``value`` in a shared variable named ``name`` that can stand in for ``variable``: no
+    static length, as a record array has.  Shared even where ``variable`` is a constant (a numpy
+    array): PyMC's rewrites merge equal constants, and placeholders are all zeros, so two constant
+    placeholders could become one input and the record model would feed both from one array."""
     shape = (None, *variable.type.shape[1:]) if value.ndim else ()
-    return pytensor.shared(value, name=variable.name, shape=shape)
+    return pytensor.shared(value, name=name, shape=shape)
