@@ -320,7 +320,7 @@ def without_records(
     workers, which simulate their data sets).  ``RecordModel(*without_records(model, structure))``
     has the model's parameter space, log prior and per-record log-likelihood of any batch, and
     simulates as the model does.  Compile the copy with the structure returned, not with
-    :func:`record_model`: finding the records again in a one-record model can mistake another
+    :func:`dpppl.record_model`: finding the records again in a one-record model can mistake another
     array of length 1 for a record.
 
     Kept: the free variables (in the model's order, with their priors, transforms, dims and
@@ -350,11 +350,10 @@ def without_records(
         The copy, and its structure: the same names, dims and shapes, with the copy's variables
         and one record.
 
-    Raises
-    ------
-    ModelNotSupportedError
-        If a free variable's initial value is a PyTensor expression (it could read the data);
-        give it as a number or array instead.
+    Notes
+    -----
+    Initial values travel as numbers (an expression is evaluated): like the priors, they are
+    model structure, so they must not be derived from the private data.
     """
     fgraph, memo = fgraph_from_model(_without_initial_values(model))
 
@@ -406,6 +405,10 @@ def without_records(
         # tag: without this the copy could still hold the original observations.
         rv.tag.observations = copy.rvs_to_values[rv]
     for rv, value in model.rvs_to_initial_values.items():
+        # PyMC refuses initial values that depend on random variables, so an expression is one
+        # of constants and pm.Data: its value is what the model's initial point uses.
+        if isinstance(value, Variable):
+            value = value.eval()
         if value is not None:
             copy.set_initval(copy[rv.name], value)
 
@@ -427,14 +430,6 @@ def without_records(
 def _without_initial_values(model: pm.Model) -> pm.Model:
     """A shallow view of ``model`` without its initial values, which ``fgraph_from_model``
     refuses; :func:`without_records` sets them on the copy by name.  The model is not changed."""
-    symbolic = sorted(
-        rv.name for rv, value in model.rvs_to_initial_values.items() if isinstance(value, Variable)
-    )
-    if symbolic:
-        raise ModelNotSupportedError(
-            f"the initial values of {symbolic} are PyTensor expressions, which dpppl cannot copy "
-            "without the data they may read; give them as numbers or arrays"
-        )
     view = object.__new__(type(model))
     view.__dict__.update(model.__dict__)
     view.rvs_to_initial_values = dict.fromkeys(model.rvs_to_initial_values)

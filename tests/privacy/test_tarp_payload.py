@@ -208,10 +208,11 @@ def record_potential(rng: np.random.Generator) -> pm.Model:
 
 
 def numpy_covariates(rng: np.random.Generator) -> pm.Model:
-    """Two numpy covariates (x and x², separate constants in the graph) and no dims."""
+    """Two numpy covariates (x and x², separate constants in the graph), no dims, and an
+    initial value given as an expression."""
     x = rng.normal(size=N)
     with pm.Model() as model:
-        a = pm.Normal("a", 0, 1)
+        a = pm.Normal("a", 0, 1, initval=pm.Data("start", 0.25) * 2)
         b = pm.Normal("b", 0, 1)
         pm.Normal("y", a + b * x + b * x**2, 1, observed=rng.normal(size=N))
     return model
