@@ -10,7 +10,6 @@ their aggregates), a large integer count, and the record coordinates' labels.  T
 
 from __future__ import annotations
 
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.reduction import ForkingPickler
 
@@ -26,9 +25,6 @@ from dpppl.record_model import RecordModel, record_model
 from dpppl.records import without_records
 from dpppl.simulation import simulator
 from dpppl.testing import example_models, find_in_bytes
-
-# Dask workers cannot import this test module by name: ship its classes by value.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 N = 30
 FLOAT_CANARY = 7.123456789
