@@ -5,6 +5,7 @@ along one leading dimension shared by the observed variables and the data they d
 module finds that dimension and those variables, and refuses models without such structure with a
 message that says what to change.  It looks only at the model's graph, shapes and dims; the only
 thing it reads from the data is whether they are finite, and no message carries a data value.
+:func:`without_records` copies a model without its records, for processes that must not see them.
 """
 
 from __future__ import annotations
@@ -13,8 +14,20 @@ from dataclasses import dataclass
 
 import numpy as np
 import pymc as pm
+import pytensor
+from pymc.model.fgraph import (
+    ModelFreeRV,
+    ModelNamed,
+    ModelObservedRV,
+    ModelPotential,
+    ModelVar,
+    fgraph_from_model,
+    model_from_fgraph,
+)
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.fg import FunctionGraph
+from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors
 
 from dpppl.errors import InvalidDataError, ModelNotSupportedError
@@ -296,3 +309,137 @@ def find_records(model: pm.Model, records: str | None = None) -> RecordStructure
         prior_potentials=tuple(prior_potentials),
         dim_length=dim_length,
     )
+
+
+def without_records(
+    model: pm.Model, structure: RecordStructure
+) -> tuple[pm.Model, RecordStructure]:
+    """A copy of ``model`` that holds no record, and the record structure of the copy.
+
+    For a process that must compute with the model but not see its data (a TARP study's
+    workers, which simulate their data sets).  ``RecordModel(*without_records(model, structure))``
+    has the model's parameter space, log prior and per-record log-likelihood of any batch, and
+    simulates as the model does.  Compile the copy with the structure returned, not with
+    :func:`dpppl.record_model`: finding the records again in a one-record model can mistake another
+    array of length 1 for a record.
+
+    Kept: the free variables (in the model's order, with their priors, transforms, dims and
+    initial values), the observed variables, the potentials, the ``pm.Data`` they read, and the
+    coordinates of every dimension but the record dimension.  Non-record arrays (``pm.Data`` or
+    numpy arrays that are not indexed by records, like prior scales) are public model structure
+    and stay as they are.
+
+    Replaced or dropped: every record array of ``structure`` (observed values, record ``pm.Data``
+    and numpy covariates) becomes a shared variable holding zeros of its dtype and trailing
+    shape, with one record; the record dimension's length becomes 1 and its coordinates are
+    dropped (they may come from the data, e.g. a DataFrame index).  Deterministics, and
+    ``pm.Data`` that no free variable, likelihood or potential reads, are dropped: they only
+    name quantities for the posterior, and may read per-record arrays that are not records of
+    the likelihood.  The copy's record model therefore constrains only the free variables.
+
+    Parameters
+    ----------
+    model
+        The PyMC model.
+    structure
+        Its records, from :func:`find_records`.
+
+    Returns
+    -------
+    tuple of pymc.Model and RecordStructure
+        The copy, and its structure: the same names, dims and shapes, with the copy's variables
+        and one record.
+
+    Notes
+    -----
+    Initial values travel as numbers (an expression is evaluated): like the priors, they are
+    model structure, so they must not be derived from the private data.
+    """
+    fgraph, memo = fgraph_from_model(_without_initial_values(model))
+
+    def in_fgraph(variable: Variable) -> Variable:
+        copied = memo.get(variable, variable)
+        # Named variables come back wrapped in PyMC's marker Op; the graph reads what is inside.
+        if copied.owner is not None and isinstance(copied.owner.op, ModelVar):
+            return copied.owner.inputs[0]
+        return copied
+
+    placeholders = {
+        v.name: _placeholder(v.variable, v.name, np.zeros((1, *v.trailing_shape), dtype=v.dtype))
+        for v in structure.variables
+    }
+    replacements = {in_fgraph(v.variable): placeholders[v.name] for v in structure.variables}
+    dim_length = None
+    if structure.dim_length is not None:
+        dim_length = _placeholder(
+            structure.dim_length, structure.dim, np.array(1, dtype=structure.dim_length.dtype)
+        )
+        replacements[in_fgraph(structure.dim_length)] = dim_length
+
+    core = [
+        out
+        for out in fgraph.outputs
+        if isinstance(out.owner.op, ModelFreeRV | ModelObservedRV | ModelPotential)
+    ]
+    used = set(ancestors(core))
+    named_data = [
+        out
+        for out in fgraph.outputs
+        if isinstance(out.owner.op, ModelNamed) and out.owner.inputs[0] in used
+    ]
+    # Rebuilt, not type-checked: the graph's static shapes say N where the placeholders hold 1.
+    outputs = clone_replace(core + named_data, replacements, rebuild_strict=False)
+    copied_graph = FunctionGraph(outputs=outputs, clone=False)
+    copied_graph._coords = dict(fgraph._coords)
+    copied_graph._dim_lengths = dict(fgraph._dim_lengths)
+    if structure.dim is not None:
+        copied_graph._coords[structure.dim] = None
+        copied_graph._dim_lengths[structure.dim] = dim_length
+    copy = model_from_fgraph(copied_graph, mutate_fgraph=True)
+
+    # model_from_fgraph registers variables in topological order; θ's layout follows free_RVs.
+    position = {rv.name: i for i, rv in enumerate(model.free_RVs)}
+    copy.free_RVs.sort(key=lambda rv: position[rv.name])
+    for rv in copy.observed_RVs:
+        # PyMC keeps the observed data in the variable's tag too, and cloning a node copies its
+        # tag: without this the copy could still hold the original observations.
+        rv.tag.observations = copy.rvs_to_values[rv]
+    for rv, value in model.rvs_to_initial_values.items():
+        # PyMC refuses initial values that depend on random variables, so an expression is one
+        # of constants and pm.Data: its value is what the model's initial point uses.
+        if isinstance(value, Variable):
+            value = value.eval()
+        if value is not None:
+            copy.set_initval(copy[rv.name], value)
+
+    copied_structure = RecordStructure(
+        dim=structure.dim,
+        n_records=1,
+        variables=tuple(
+            RecordVariable(v.name, placeholders[v.name], v.trailing_shape, v.dtype)
+            for v in structure.variables
+        ),
+        observed=tuple(copy[rv.name] for rv in structure.observed),
+        record_potentials=tuple(copy[p.name] for p in structure.record_potentials),
+        prior_potentials=tuple(copy[p.name] for p in structure.prior_potentials),
+        dim_length=dim_length,
+    )
+    return copy, copied_structure
+
+
+def _without_initial_values(model: pm.Model) -> pm.Model:
+    """A shallow view of ``model`` without its initial values, which ``fgraph_from_model``
+    refuses; :func:`without_records` sets them on the copy by name.  The model is not changed."""
+    view = object.__new__(type(model))
+    view.__dict__.update(model.__dict__)
+    view.rvs_to_initial_values = dict.fromkeys(model.rvs_to_initial_values)
+    return view
+
+
+def _placeholder(variable: Variable, name: str, value: np.ndarray) -> Variable:
+    """``value`` in a shared variable named ``name`` that can stand in for ``variable``: no
+    static length, as a record array has.  Shared even where ``variable`` is a constant (a numpy
+    array): PyMC's rewrites merge equal constants, and placeholders are all zeros, so two constant
+    placeholders could become one input and the record model would feed both from one array."""
+    shape = (None, *variable.type.shape[1:]) if value.ndim else ()
+    return pytensor.shared(value, name=name, shape=shape)

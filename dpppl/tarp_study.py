@@ -8,12 +8,20 @@
 4. S draws from its private posterior, in the unconstrained space;
 
 and scores the draws against θ_k with :func:`dpppl.diagnostics.tarp_coverage` (NA-DPVI paper,
-eqs. A62–A63 and 27).  Only simulated data are used, so the study spends no privacy budget,
-unless the user explicitly lets it read the model's private covariates: then the diagnostic is
-marked as not private, and :func:`add_tarp` refuses to put it into a result.
+eqs. A62–A63 and 27).  The study computes only on simulated data, so it spends no privacy
+budget, unless the user explicitly lets it use the model's private covariates: then the
+diagnostic is marked as not private, and :func:`add_tarp` refuses to put it into a result.
+Otherwise the study reads the private records only as every fit does, to find them and check
+that they are finite (:func:`dpppl.record_model`).
 
 The replicates run on :func:`dpppl.executors.map_chunks`: local processes by default, a
-``dask.distributed`` cluster when given a client.  Each worker compiles the model once.
+``dask.distributed`` cluster when given a client.  The private records never leave this process:
+workers get a copy of the model without them (:func:`dpppl.records.without_records`) and a
+mechanism made afresh from its class and options.  The copy keeps the model's structure, its
+non-record ``pm.Data`` and the coordinates of its other dimensions: dpppl treats those as public
+model structure, so they must not be derived from the private data.  Only
+``use_private_covariates=True`` sends private data to the workers: the model's covariates.  Each
+worker compiles the model once.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from dpppl.executors import check_executor, map_chunks
 from dpppl.mechanism import Mechanism, PrivacyPlan
 from dpppl.plugins import get_mechanism
 from dpppl.record_model import RecordModel, record_model
+from dpppl.records import without_records
 from dpppl.results import _version
 from dpppl.sampling import plan_fit, run_mechanism
 from dpppl.simulation import Simulator, simulator
@@ -60,7 +69,7 @@ DEFAULT_SIMULATIONS = 200
 NO_BUDGET_SPENT = (
     "No privacy budget was spent: the mechanism ran only on data sets simulated from the model "
     "(parameters from its prior, records from its likelihood) with public or synthetic "
-    "covariates; no private record was read."
+    "covariates; no private record entered its computations or left the process."
 )
 PRIVATE_DATA_USED = (
     "NOT PRIVATE: the simulated data sets used the model's own (private) covariates and record "
@@ -184,7 +193,8 @@ def tarp(
         model's N (public metadata: it is published with every result).
     use_private_covariates
         Simulate with the model's own covariates and N.  They are private data: the study
-        warns, is marked as not private, and cannot be attached to a result.
+        warns, is marked as not private, and cannot be attached to a result; and they are sent
+        to the worker processes or cluster, unless ``n_workers=1``.
     records
         Name of the record dimension; found from the observed variables when None.
     n_posterior_draws
@@ -195,14 +205,15 @@ def tarp(
         :data:`~dpppl.diagnostics.DEFAULT_ALPHA`), the reference rule, how many times it draws
         the references, its width and the distance.
     client
-        A ``dask.distributed.Client``: the replicates run on its cluster.
+        A ``dask.distributed.Client``: the replicates run on its cluster.  Workers (local or
+        Dask) get the model without its records (see :func:`dpppl.records.without_records`).
     n_workers
         Local worker processes when no client is given (default: the CPUs available).
         ``n_workers=1`` runs everything in this process.  Worker processes start with
         ``spawn``: a script must guard its entry point with ``if __name__ == "__main__":``.
     random_seed
-        Seed of the whole study (prior draws, data, fits, references).  The study uses no
-        private data, so its seed is stored in the attributes for reproducibility.
+        Seed of the whole study (prior draws, data, fits, references).  The study computes on
+        no private data, so its seed is stored in the attributes for reproducibility.
     progressbar
         Show a bar over the replicates.
 
@@ -247,9 +258,12 @@ def tarp(
         local=replicates.run,
         remote=functools.partial(
             _run_remote,
-            cloudpickle.dumps(compiled.model),
-            records,
-            cloudpickle.dumps((mechanism_obj, plan, source, n, n_posterior_draws)),
+            cloudpickle.dumps(without_records(compiled.model, compiled.structure)),
+            # A fresh mechanism from its class and options: nothing this instance was shown
+            # (check_model sees the model with its data) can travel with it.
+            cloudpickle.dumps(
+                (type(mechanism_obj), options, plan, source, n, n_posterior_draws)
+            ),
         ),
         client=client,
         n_workers=n_workers,
@@ -309,7 +323,8 @@ def _resolve_covariates(
             )
         warnings.warn(
             "the TARP study uses the model's private covariates and record count: its result is "
-            "not private and must not be released (dpppl.add_tarp refuses to attach it)",
+            "not private and must not be released (dpppl.add_tarp refuses to attach it), and "
+            "unless n_workers=1 the covariates are sent to its worker processes or Dask cluster",
             PrivacyWarning,
             stacklevel=3,
         )
@@ -577,7 +592,8 @@ def _study_attrs(
         "privacy_budget_spent": "not private" if private else "none",
         "privacy_note": PRIVATE_DATA_USED if private else NO_BUDGET_SPENT,
         "uses_private_data": int(private),
-        # The study reads no private data, so its seed may be kept: with it the study reruns.
+        # The study computes on no private data, so its seed may be kept: with it the study
+        # reruns.
         "seed_entropy": str(seed.entropy),
         "seed_spawn_key": json.dumps(list(seed.spawn_key)),
         "seeded": int(seeded),
@@ -646,19 +662,24 @@ def _thin(draws: np.ndarray, n_draws: int | None) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=8)
-def _worker_model(model_bytes: bytes, records: str | None) -> RecordModel:
-    """The model compiled once per worker process (and kept for later studies of it)."""
-    return record_model(cloudpickle.loads(model_bytes), records)
+def _worker_model(model_bytes: bytes) -> RecordModel:
+    """The data-free copy of the model (:func:`~dpppl.records.without_records`) and its
+    structure, compiled once per worker process (and kept for later studies of it)."""
+    return RecordModel(*cloudpickle.loads(model_bytes))
 
 
-def _run_remote(
-    model_bytes: bytes, records: str | None, study_bytes: bytes, seeds: list
-) -> _Chunk:
+def _run_remote(model_bytes: bytes, study_bytes: bytes, seeds: list) -> _Chunk:
     """A chunk of replicates in a worker process."""
-    compiled = _worker_model(model_bytes, records)
-    mechanism, plan, source, n, n_draws = cloudpickle.loads(study_bytes)
+    compiled = _worker_model(model_bytes)
+    mechanism_class, options, plan, source, n, n_draws = cloudpickle.loads(study_bytes)
     replicates = _Replicates(
-        _records_view(compiled, n), simulator(compiled), mechanism, plan, source, n, n_draws
+        _records_view(compiled, n),
+        simulator(compiled),
+        mechanism_class(**options),
+        plan,
+        source,
+        n,
+        n_draws,
     )
     return replicates.run(seeds)
 

@@ -30,7 +30,8 @@ mechanism_suite
 accountant_suite
     The contracts of accountant plugins (:func:`accountant_checks`, :func:`check_accountant`).
 leaks
-    The search for private data in a result (:func:`find_leaks`).
+    The search for private data in a result (:func:`find_leaks`) or in bytes
+    (:func:`find_in_bytes`).
 noise_audit
     The statistical test of the declared noise (:func:`epsilon_lower_bound`).
 """
@@ -42,7 +43,7 @@ from dpppl.testing.accountant_suite import (
     exact_gaussian_epsilon,
 )
 from dpppl.testing.checks import Check, ConformanceError, ConformanceReport
-from dpppl.testing.leaks import find_leaks
+from dpppl.testing.leaks import find_in_bytes, find_leaks
 from dpppl.testing.mechanism_suite import check_mechanism, mechanism_checks
 from dpppl.testing.models import (
     EXAMPLE_MODELS,
@@ -80,6 +81,7 @@ __all__ = [
     "epsilon_lower_bound",
     "exact_gaussian_epsilon",
     "example_models",
+    "find_in_bytes",
     "find_leaks",
     "gamma_exponential",
     "gamma_exponential_data",

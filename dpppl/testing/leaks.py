@@ -1,6 +1,7 @@
 """The search for private data in a result: :func:`find_leaks` looks for the records' values and
 their aggregates everywhere outside the released posterior, and :func:`_capture` collects the
-warnings, log records and printed output of a fit for it to search."""
+warnings, log records and printed output of a fit for it to search.  :func:`find_in_bytes` looks
+for them in any bytes, e.g. what is pickled for another process."""
 
 from __future__ import annotations
 
@@ -238,3 +239,18 @@ def find_leaks(
     if netcdf is not None:
         found += [f"the netCDF file: {hit}" for hit in sentinels.in_bytes(netcdf)]
     return found
+
+
+def find_in_bytes(blob: bytes, data: Mapping[str, np.ndarray]) -> list[str]:
+    """Where private values of ``data`` appear in ``blob`` (a pickle sent to a worker, a file).
+
+    Looks for every distinctive float value of the records and their aggregates (see
+    :class:`_Sentinels`) as float64, in either byte order.  Integer records are not searched:
+    small integers occur everywhere.
+
+    Returns
+    -------
+    list of str
+        One line per private value found; empty when none was.
+    """
+    return _Sentinels.of(data).in_bytes(blob)
