@@ -661,16 +661,15 @@ def _thin(draws: np.ndarray, n_draws: int | None) -> np.ndarray:
     return flat[np.linspace(0, flat.shape[0] - 1, n_draws).round().astype(int)]
 
 
-@functools.lru_cache(maxsize=8)
-def _worker_model(model_bytes: bytes) -> RecordModel:
-    """The data-free copy of the model (:func:`~dpppl.records.without_records`) and its
-    structure, compiled once per worker process (and kept for later studies of it)."""
-    return RecordModel(*cloudpickle.loads(model_bytes))
-
-
 def _run_remote(model_bytes: bytes, study_bytes: bytes, seeds: list) -> _Chunk:
-    """A chunk of replicates in a worker process."""
-    compiled = _worker_model(model_bytes)
+    """A chunk of replicates in a worker process.
+
+    The worker gets the data-free copy of the model (:func:`~dpppl.records.without_records`) and
+    its structure; a ``RecordModel`` holds its model weakly, so the copy is kept here while the
+    chunk runs.  Compilations are shared by structure, so later chunks on this worker reuse them.
+    """
+    model, structure = cloudpickle.loads(model_bytes)
+    compiled = RecordModel(model, structure)
     mechanism_class, options, plan, source, n, n_draws = cloudpickle.loads(study_bytes)
     replicates = _Replicates(
         _records_view(compiled, n),
