@@ -22,7 +22,7 @@ For each model and method a TARP study simulates K data sets (θ_k from the prio
   & Sheldon 2018), if its example plugin is installed (``tutorials/plugin_example/``); otherwise
   the row is skipped, and the script says so.
 
-The studies read no private data and spend no privacy budget.  Run from the repository root:
+The studies compute on no private data and spend no privacy budget.  Run from the repository root:
 
     python tutorials/exponential_families.py --smoke            # CI size: seconds per study
     python tutorials/exponential_families.py                    # paper size: K = 500, 2 processes

@@ -12,7 +12,7 @@ so θ = (w_1..w_10, b, σ²) has 12 coordinates.  N = 5000, δ = 1e-5, NA-DPVI a
 Part 1 fits the model once to a simulated data set, as a user would, and shows the private
 posterior next to the parameters that generated the data.  Part 2 runs the paper's TARP studies:
 K simulated data sets (θ from the prior, covariates x ~ N(0, 1) simulated afresh for each: public,
-synthetic covariates, so the study reads no private data), a private fit on each, and the RMSE of
+synthetic covariates, so the study computes on no private data), a private fit on each, and the RMSE of
 the joint coverage error (eq. 27), mean ± std over 20 reference draws.  The paper reports it ×10³.
 
     python tutorials/linear_regression.py --smoke                      # CI size: ε = 1, K = 4
