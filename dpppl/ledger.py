@@ -204,8 +204,8 @@ class PrivacyLedger:
             The fit's declared event and neighbour relation.
         epsilon, extra_delta
             The fit's own ε, and the part of its δ spent outside ``event``
-            (:attr:`dpppl.mechanism.PrivacyPlan.extra_delta`), which the ledger rescales from
-            ``epsilon`` to its budget's ε (0 rescales it the most).
+            (:attr:`dpppl.mechanism.PrivacyPlan.extra_delta`), a total-variation term that the
+            ledger converts at the ε it claims for the composition.
 
         Raises
         ------
@@ -267,33 +267,45 @@ class PrivacyLedger:
     def _accountant(self) -> Accountant:
         return get_accountant(self.accountant)()
 
-    def _extra_delta(self, epsilon: float, extra_delta: float) -> float:
-        """A fit's ``extra_delta``, reported at its own ``epsilon``, at the budget's ε.
+    def _epsilon_of(self, events: list[PrivacyEvent], variation: float) -> float:
+        """ε of ``events`` composed at the ledger's δ, with total variation ``variation`` spent
+        outside them.
 
-        It is a total-variation term (1 + e^ε)·η, which grows with ε; it is never taken below
-        what the fit reported.
+        A mechanism within total variation η of an (ε, δ')-DP one is (ε, δ' + (1 + e^ε)·η)-DP,
+        so the ε the ledger may claim is a fixed point ε = ε_events(δ − (1 + e^ε)·η).  It is
+        reached from below (the map grows with ε) and the answer is checked to satisfy it.
         """
-        if extra_delta == 0:
-            return 0.0
-        growth = _log1p_exp(self.epsilon) - _log1p_exp(epsilon)
-        return extra_delta * math.exp(max(growth, 0.0))
-
-    def _epsilon_of(self, events: list[PrivacyEvent], extra_delta: float) -> float:
-        """ε of ``events`` composed at the ledger's δ less the δ the fits spent outside them."""
         if not events:
             return 0.0
-        if extra_delta >= self.delta:
-            raise PrivacyBudgetExceededError(
-                f"the fits spend delta={extra_delta:.4g} outside their declared events, which uses "
-                f"up the ledger's delta={self.delta:g}; nothing was run"
-            )
-        return self._accountant().epsilon(
-            ComposedEvent(tuple(events)), delta=self.delta - extra_delta, relation=self.relation
+        composed = ComposedEvent(tuple(events))
+
+        def at(epsilon: float) -> float:
+            remaining = self.delta - math.exp(_log1p_exp(epsilon)) * variation
+            if remaining <= 0:
+                raise PrivacyBudgetExceededError(
+                    f"the fits spend delta={self.delta - remaining:.4g} outside their declared "
+                    f"events at epsilon={epsilon:.4g}, which uses up the ledger's "
+                    f"delta={self.delta:g}; nothing was run"
+                )
+            return self._accountant().epsilon(composed, delta=remaining, relation=self.relation)
+
+        epsilon = at(0.0)
+        for _ in range(_FIXED_POINT_ITERATIONS):
+            if variation == 0:
+                return epsilon
+            claimed = epsilon * (1 + _FIXED_POINT_RTOL)
+            if at(claimed) <= claimed:
+                return claimed
+            epsilon = at(epsilon)
+        raise PrivacyBudgetExceededError(
+            f"the delta the fits spend outside their declared events does not settle at the "
+            f"ledger's delta={self.delta:g}; nothing was run"
         )
 
     def _composed(self, entries: list[LedgerEntry]) -> tuple[list[PrivacyEvent], float]:
+        """The entries' events and the total variation they spent outside them."""
         events = [e.event for e in entries]
-        return events, sum(self._extra_delta(e.epsilon, e.extra_delta) for e in entries)
+        return events, sum(_variation(e.epsilon, e.extra_delta) for e in entries)
 
     def _spent_after(
         self,
@@ -315,9 +327,7 @@ class PrivacyLedger:
             )
         events, extra = self._composed(entries)
         try:
-            after = self._epsilon_of(
-                [*events, event], extra + self._extra_delta(epsilon, extra_delta)
-            )
+            after = self._epsilon_of([*events, event], extra + _variation(epsilon, extra_delta))
         except UnsupportedEventError as error:
             raise PrivacyBudgetExceededError(
                 f"the ledger's accountant {self.accountant!r} cannot compose this fit: {error}"
@@ -351,6 +361,17 @@ class PrivacyLedger:
             f"{stored_arguments}, but was opened with {differ}; a budget is fixed when its ledger "
             f"is created. Open it with PrivacyLedger({stored_arguments}{self._location()})"
         )
+
+
+#: Iterations and relative slack of the fixed point ε = ε_events(δ − (1 + e^ε)·η).
+_FIXED_POINT_ITERATIONS = 20
+_FIXED_POINT_RTOL = 1e-6
+
+
+def _variation(epsilon: float, extra_delta: float) -> float:
+    """The total variation η behind a fit's ``extra_delta``, which it reported as (1 + e^ε)·η at
+    its own ε (see :attr:`dpppl.mechanism.PrivacyPlan.extra_delta`)."""
+    return extra_delta / math.exp(_log1p_exp(epsilon)) if extra_delta else 0.0
 
 
 def _log1p_exp(x: float) -> float:

@@ -61,8 +61,8 @@ class PrivacyPlan:
         truncates to a fixed shape: ``epsilon`` is the accountant's bound for ``event`` at
         ``delta - extra_delta``.  A ledger composes its events at its own δ less the sum of these.
         It is a total-variation term, (1 + e^ε)·η for a mechanism within total variation η of the
-        declared one; the ledger assumes it grows with ε no faster than that and rescales it from
-        ``epsilon`` to the ledger's budget.
+        declared one, reported at ``epsilon``; a ledger takes η back out of it and converts it at
+        the ε it claims for all its fits together.
     """
 
     epsilon: float

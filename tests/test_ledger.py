@@ -272,16 +272,27 @@ def test_a_charge_whose_extra_delta_uses_up_the_ledgers_delta_is_refused():
     assert ledger.entries == []
 
 
-def test_extra_delta_is_rescaled_from_the_fits_epsilon_to_the_budgets():
-    # (1 + e^ε)·η reported at the fit's ε = 0.72 costs (1 + e^3)·η at the budget's ε = 3.
+def test_extra_delta_is_converted_at_the_epsilon_the_ledger_claims():
+    """(1 + e^ε)·η reported at the fit's ε = 0.72 costs (1 + e^ε')·η at the ε' the ledger claims:
+    the claim holds at δ less that, and no smaller claim would."""
     rdp = get_accountant("rdp")()
     ledger = PrivacyLedger(epsilon=3.0, delta=DELTA, accountant="rdp")
-    eta = 1e-8
+    eta = 1e-7
     spent = ledger.charge(
         FIT, ADD_REMOVE, label="fit", epsilon=0.72, delta=DELTA, extra_delta=(1 + np.exp(0.72)) * eta
     )
-    at = DELTA - (1 + np.exp(3.0)) * eta
-    assert spent == pytest.approx(rdp.epsilon(FIT, delta=at, relation=ADD_REMOVE), rel=1e-12)
+    holds_at = DELTA - (1 + np.exp(spent)) * eta
+    assert rdp.epsilon(FIT, delta=holds_at, relation=ADD_REMOVE) <= spent
+    assert spent <= rdp.epsilon(FIT, delta=holds_at, relation=ADD_REMOVE) * (1 + 1e-5)
+
+
+def test_a_large_budget_does_not_inflate_a_small_fits_extra_delta():
+    """Converting at the budget's ε instead of the claimed one made a fit at ε = 1e-3 cost
+    δ ≈ 1e35 against a budget of ε = 100."""
+    ledger = PrivacyLedger(epsilon=100.0, delta=DELTA, accountant="rdp")
+    spent = ledger.charge(FIT, ADD_REMOVE, label="fit", epsilon=0.72, delta=DELTA,
+                          extra_delta=1e-4 * DELTA)
+    assert spent < 1.0
 
 
 # where a ledger lives ---------------------------------------------------------------------------
