@@ -1,7 +1,9 @@
 """Exceptions raised by dpppl.
 
-Every refusal happens before any privacy budget is spent, and no message carries a value of the
-private data: messages name variables, shapes and settings, never records.
+Every refusal happens before any privacy budget is spent (the one exception,
+:class:`InexactReleaseError`, is a run-time safety check that the mechanisms' public parameters
+make unreachable), and no message carries a value of the private data: messages name variables,
+shapes and settings, never records.
 """
 
 from __future__ import annotations
@@ -39,5 +41,11 @@ class PluginError(DPPPLError):
     """A plugin broke the plugin contract (bad registration, forbidden output, wrong types)."""
 
 
+class InexactReleaseError(DPPPLError, ArithmeticError):
+    """A hardened (snapped) noisy release left the range float64 holds exactly; nothing of it
+    was returned."""
+
+
 class PrivacyWarning(UserWarning):
     """A setting is valid but weakens the guarantee (for example δ ≥ 1/N)."""
+

@@ -60,10 +60,21 @@ def assert_refused(error_type, model, match=None, **kwargs):
 
 # -- privacy parameters ----------------------------------------------------------------------------
 
+
+def _not_a_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return True
+    return False
+
+
+# Text that parses as a number ("1") is a valid ε or δ, not a hostile one.
+not_numbers = st.text(max_size=3).filter(_not_a_number)
 bad_epsilons = st.one_of(st.floats(max_value=0.0), st.just(math.inf), st.just(math.nan),
-                         st.just(-math.inf), st.text(max_size=3), st.none())
+                         st.just(-math.inf), not_numbers, st.none())
 bad_deltas = st.one_of(st.floats(min_value=1.0), st.floats(max_value=0.0), st.just(math.nan),
-                       st.text(max_size=3), st.none())
+                       not_numbers, st.none())
 
 
 @QUICK

@@ -11,6 +11,7 @@ Sentinels: a float with many recognisable digits, a large float, and a large int
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -24,7 +25,10 @@ import pytest
 import xarray as xr
 
 import dpppl
+from dpppl.errors import InexactReleaseError
 from dpppl.model_file import EXAMPLE_MODEL_FILE
+from dpppl.plugins import get_mechanism
+from dpppl.sampling import plan_fit, run_mechanism
 
 FLOAT_SENTINEL = 7.123456789
 BIG_SENTINEL = 987654321.5
@@ -236,6 +240,19 @@ def test_errors_about_the_model_quote_no_value():
     text = _refusal_text(model, mechanism="na-dpvi", **NA_DPVI_FAST)
     assert "record" in text
     assert_no_sentinel_text(text, "the error message")
+
+
+def test_a_snapped_release_out_of_float64_range_is_refused_without_quoting_a_value(regression):
+    """The real fit with its plan's grid forced far too fine: every sum leaves float64's exact
+    range, the fit stops before returning anything, and the error names no value."""
+    compiled = dpppl.record_model(regression)
+    mechanism = get_mechanism("na-dpvi")(**NA_DPVI_FAST)
+    plan, _ = plan_fit(mechanism, compiled, epsilon=1.0, delta=1e-3)
+    fine = dataclasses.replace(plan, details={**plan.details, "grid": 2.0**-80})
+    with pytest.raises(InexactReleaseError) as error:
+        run_mechanism(mechanism, compiled, compiled.data(), fine, progressbar=False)
+    assert "float64" in str(error.value)
+    assert_no_sentinel_text(str(error.value), "the error message")
 
 
 # -- the command line -----------------------------------------------------------------------------

@@ -6,8 +6,8 @@ Already covered elsewhere, and not repeated here:
   ``gaussian_noise`` has the requested std (χ², α = 10⁻⁶), ``poisson_batch`` inclusion rates
   (χ² over records) and Binomial batch sizes (mean and variance).
 * ``plugins/dpppl-na-dpvi/tests/test_dpsgd.py``: through the real DP-SGD step, one record moves
-  the noise-free sum by ≤ C (with preconditioning), the injected noise has std σC (χ², 10⁻⁶),
-  and the mean number of included records is qN.
+  the noise-free sum by ≤ C (with preconditioning), the injected noise has std σC, or σ(C + g√d)
+  for the snapped release on grid g (χ², 10⁻⁶), and the mean number of included records is qN.
 * ``plugins/dpppl-swag-ppm/tests/test_ppm.py``: the reported ε is 2 · draws · max |α_i log p|
   over the draws the released ones are among, and never exceeds the request.
 
@@ -54,7 +54,7 @@ def noise_free_sums(model, *, trials=TRIALS, rate=RATE, seed=0):
     step = dpsgd.make_step(model, capacity=N_RECORDS, mc_draws=2)
     data = {k: jnp.asarray(v) for k, v in model.data().items()}
     phi = jnp.zeros(d)
-    run = jax.jit(jax.vmap(lambda key: step(phi, key, data, step_settings)[1][1]))
+    run = jax.jit(jax.vmap(lambda key: step(phi, key, data, step_settings)[1].noisy_grad))
     return np.asarray(run(jax.random.split(jax.random.key(seed), trials)))
 
 

@@ -1,7 +1,10 @@
 """Where the noise comes from: OS entropy unless a seed is given, a seed only reproduces and is never
-stored, and a noise primitive hardened against floating-point attacks."""
+stored, and the release hardened against floating-point attacks (NA-DPVI's default)."""
 
 from __future__ import annotations
+
+import json
+import math
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +15,17 @@ import xarray as xr
 from scipy import stats
 
 import dpppl
-from dpppl.privacy import discrete_gaussian, jax_key, snapped_gaussian_release
+from dpppl.errors import InexactReleaseError, InvalidPrivacyParameterError
+from dpppl.privacy import (
+    MIN_SCALE,
+    NOISE_BOUND,
+    SnappedGaussian,
+    discrete_gaussian,
+    discrete_gaussian_tv_bound,
+    jax_key,
+    require_exact,
+    snapped_gaussian_release,
+)
 
 SIGNIFICANCE = 1e-6
 TINY = {"mechanism": "na-dpvi", "epsilon": 1.0, "delta": 1e-3, "progressbar": False,
@@ -117,34 +130,84 @@ class TestDiscreteGaussian:
         statistic = np.sum(draws.astype(float) ** 2) / variance
         assert stats.chi2.sf(statistic, len(draws)) < SIGNIFICANCE
 
-    def test_runs_under_jit(self):
-        draw = jax.jit(lambda k: discrete_gaussian(k, (4,), 3.0))(jax.random.key(0))
+    def test_at_the_scales_of_a_snapped_release_it_is_gaussian_down_to_the_last_bit(self):
+        """At s ≈ 2⁴⁰ the draws are N(0, s²) in law (χ² on 50 equiprobable bins), every draw is
+        below the proven bound 64 s, and the low bits are uniform (χ² on the last 8 bits)."""
+        scale = 1.3 * 2.0**40
+        draws = np.asarray(discrete_gaussian(jax.random.key(11), (200_000,), scale))
+        assert np.abs(draws).max() < NOISE_BOUND * scale
+        edges = stats.norm.ppf(np.linspace(0, 1, 51)[1:-1]) * scale
+        observed = np.bincount(np.searchsorted(edges, draws), minlength=50)
+        statistic = np.sum((observed - len(draws) / 50) ** 2 / (len(draws) / 50))
+        assert stats.chi2.sf(statistic, 49) > SIGNIFICANCE
+        low = np.bincount(draws & 255, minlength=256)
+        statistic = np.sum((low - len(draws) / 256) ** 2 / (len(draws) / 256))
+        assert stats.chi2.sf(statistic, 255) > SIGNIFICANCE
+
+    def test_runs_under_jit_with_a_traced_scale(self):
+        draw = jax.jit(lambda k, s: discrete_gaussian(k, (4,), s))(jax.random.key(0), 3.0)
         assert draw.shape == (4,)
 
     def test_refuses_scales_below_one(self):
         with pytest.raises(ValueError, match="scale"):
             discrete_gaussian(jax.random.key(0), (3,), 0.5)
 
+    def test_xla_exp_is_as_accurate_as_the_sampler_bound_assumes(self):
+        """SAMPLER_TV assumes exp within 4 ulp; check it against mpmath where it is used."""
+        mpmath = pytest.importorskip("mpmath")
+        mpmath.mp.prec = 120
+        x = -np.random.default_rng(0).uniform(0, 60, 20_000)
+        y = np.asarray(jax.jit(jnp.exp)(jnp.asarray(x)))
+        ulps = [abs(mpmath.mpf(b) - mpmath.exp(mpmath.mpf(a))) / mpmath.mpf(np.spacing(b))
+                for a, b in zip(x, y, strict=True)]
+        assert max(ulps) <= 4
+
+
+class TestTotalVariationBound:
+    @staticmethod
+    def exact_distance(scale: int):
+        """TV(N_Z(0, s²), round(N(0, s²))) by exact sums at 40 digits (tails beyond 40 s are
+        below 10⁻³⁰⁰)."""
+        mpmath = pytest.importorskip("mpmath")
+        mpmath.mp.dps = 40
+        s, half = mpmath.mpf(scale), mpmath.mpf(1) / 2
+        support = range(-40 * scale, 40 * scale + 1)
+        weights = [mpmath.exp(-mpmath.mpf(k) ** 2 / (2 * s**2)) for k in support]
+        total = mpmath.fsum(weights)
+        rounded = [mpmath.ncdf((k + half) / s) - mpmath.ncdf((k - half) / s) for k in support]
+        return float(mpmath.fsum(abs(w / total - r) for w, r in zip(weights, rounded, strict=True)) / 2)
+
+    @pytest.mark.parametrize("scale", [1, 2, 5, 10])
+    def test_bounds_the_exact_distance(self, scale):
+        exact = self.exact_distance(scale)
+        bound = discrete_gaussian_tv_bound(scale)
+        assert exact <= bound <= 4 * exact  # an upper bound, and not a loose one
+        # η = O(1/s²), with the leading constant 4 e^(−½) / (48 √(2π)) ≈ 0.0202.
+        assert 0.015 < exact * scale**2 < 0.0202
+
 
 class TestSnappedGaussianRelease:
     def test_outputs_lie_exactly_on_the_power_of_two_grid(self):
         grid = 2.0**-20
-        values = jnp.array([0.3, 0.3 + 1e-15, -1234.5678901, 1e-9])
-        out = np.asarray(snapped_gaussian_release(jax.random.key(0),
-                                                  jnp.tile(values, 2500), 1.7, grid))
-        steps = out / grid
+        values = jnp.array([[0.3, 0.3 + 1e-15, -1234.5678901, 1e-9]] * 3)
+        out, exact = snapped_gaussian_release(jax.random.key(0), jnp.tile(values, 2500), 1.7,
+                                              grid)
+        steps = np.asarray(out) / grid
+        assert bool(exact)
         np.testing.assert_array_equal(steps, np.round(steps))
 
     def test_inputs_closer_than_the_grid_give_the_same_output_distribution(self):
         """The low bits of the noise-free value do not reach the output at all."""
         key = jax.random.key(1)
-        a = snapped_gaussian_release(key, jnp.full(1000, 0.1), 2.0, 2.0**-10)
-        b = snapped_gaussian_release(key, jnp.full(1000, 0.1 + 2.0**-14), 2.0, 2.0**-10)
+        a, _ = snapped_gaussian_release(key, jnp.full((2, 1000), 0.1), 2.0, 2.0**-10)
+        b, _ = snapped_gaussian_release(key, jnp.full((2, 1000), 0.1 + 2.0**-14), 2.0, 2.0**-10)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
     def test_noise_has_the_requested_standard_deviation(self):
         std, count = 3.7, 200_000
-        out = np.asarray(snapped_gaussian_release(jax.random.key(2), jnp.zeros(count), std))
+        out, _ = snapped_gaussian_release(jax.random.key(2), jnp.zeros((1, count)), std,
+                                          2.0**-30)
+        out = np.asarray(out)
         statistic = np.sum(out**2) / std**2
         assert stats.chi2.sf(statistic, count) > SIGNIFICANCE
         assert stats.chi2.cdf(statistic, count) > SIGNIFICANCE
@@ -152,4 +215,74 @@ class TestSnappedGaussianRelease:
 
     def test_refuses_a_grid_that_is_not_a_power_of_two(self):
         with pytest.raises(ValueError, match="power of two"):
-            snapped_gaussian_release(jax.random.key(0), jnp.zeros(2), 1.0, 0.3)
+            snapped_gaussian_release(jax.random.key(0), jnp.zeros((1, 2)), 1.0, 0.3)
+
+    def test_a_grid_too_fine_for_the_values_is_reported_and_refused(self):
+        """64 rows of 2⁴⁸ grid steps each sum to 2⁵⁴ steps: inexact, so nothing may be released."""
+        rows = jnp.full((2**6, 3), 2.0**24 * 2.0**-30)
+        _, exact = snapped_gaussian_release(jax.random.key(3), rows, 2.0**-20, 2.0**-30)
+        assert bool(exact)
+        _, exact = snapped_gaussian_release(jax.random.key(3), rows * 2.0**24, 2.0**-20,
+                                            2.0**-30)
+        assert not bool(exact)
+        with pytest.raises(InexactReleaseError, match="2\\*\\*53 grid steps") as error:
+            require_exact(exact)
+        assert "0." not in str(error.value)
+
+
+class TestSnappedGaussian:
+    def test_the_grid_is_the_finest_power_of_two_that_keeps_the_sum_in_range(self):
+        release = SnappedGaussian.for_sum(capacity=3476, clipping_bound=5.0,
+                                          noise_multiplier=1.2, dim=8)
+        exponent = math.frexp(release.grid)[1] - 1
+        assert release.grid == 2.0**exponent
+
+        def spread(grid):
+            return 3476 * 5.0 + 64 * 1.2 * (5.0 + grid * math.sqrt(8))
+
+        assert spread(release.grid) < 2.0**50 * release.grid
+        assert spread(release.grid / 2) >= 2.0**50 * release.grid / 2
+        assert release.sensitivity == 5.0 + release.grid * math.sqrt(8)
+        assert release.scale >= MIN_SCALE
+
+    def test_too_little_noise_for_the_range_is_refused(self):
+        with pytest.raises(InvalidPrivacyParameterError, match="noise scale"):
+            SnappedGaussian.for_sum(capacity=10**6, clipping_bound=1.0, noise_multiplier=1e-3,
+                                    dim=4)
+
+    def test_the_delta_cost_grows_with_steps_coordinates_and_epsilon(self):
+        cost = SnappedGaussian.delta_cost(steps=10_000, dim=20, epsilon=1.0)
+        per_draw = discrete_gaussian_tv_bound(MIN_SCALE) + 2.0**-48
+        assert cost == pytest.approx((1 + math.e) * 10_000 * 20 * per_draw)
+        assert cost < 1e-8
+
+
+class TestHardenedNADPVI:
+    """NA-DPVI releases its noisy gradient sums snapped by default; float noise on request."""
+
+    def test_every_released_sum_is_an_exact_multiple_of_the_planned_grid(self, model):
+        result = fit(model, random_seed=SEED)
+        details = json.loads(result.attrs["dp_privacy_details"])
+        grid = details["grid"]
+        assert grid == 2.0 ** (math.frexp(grid)[1] - 1)
+        assert 0 < details["snapping_delta"] < 1e-9
+        assert (details["accountant_delta"] + details["truncation_delta"]
+                + details["snapping_delta"]) <= result.attrs["dp_delta"]
+        trace = result["dpvi_trace"]
+        steps = trace["noisy_sum"].values / grid
+        np.testing.assert_array_equal(steps, np.round(steps))
+        assert np.abs(steps).max() < 2.0**50
+        # The released gradients are those sums divided by the public preconditioner β (fixed
+        # from the start here: no burn-in).
+        settings = json.loads(result.attrs["dp_mechanism_attrs"])
+        beta = np.array(settings["preconditioning_mu"] + [settings["preconditioning_u"]])
+        np.testing.assert_array_equal(trace["noisy_grad"].values, trace["noisy_sum"].values / beta)
+        assert json.loads(result.attrs["dp_mechanism_settings"])["noise"] == "snapped"
+
+    def test_the_float_release_is_still_available_and_labelled(self, model):
+        result = fit(model, noise="float", random_seed=SEED)
+        assert json.loads(result.attrs["dp_mechanism_settings"])["noise"] == "float"
+        details = json.loads(result.attrs["dp_privacy_details"])
+        assert details["noise"] == "float"
+        assert "grid" not in details and "snapping_delta" not in details
+        assert np.isfinite(result["dpvi_trace"]["noisy_sum"].values).all()

@@ -2,9 +2,13 @@
 
 Each step Poisson-samples about κN records as a fixed-shape masked batch, takes per-record
 gradients of the mean-field ELBO loss by ``vmap``, multiplies them by the preconditioning vector
-β, clips each to norm C, adds N(0, σ²C²) noise to their sum, divides by β and takes an SGD step
-with learning rate λ ⊙ β.  The whole loop runs under ``jax.lax.scan``, in chunks so that a progress
-bar can advance between them.  The parameter trace and the noisy gradients are the DP release.
+β, clips each to norm C and adds noise to their sum: by default the snapped release
+(:func:`dpppl.privacy.snapped_gaussian_release`: rows rounded to a power-of-two grid g, exact
+discrete-Gaussian noise of std σ(C + g√d), every output exactly k·g), or N(0, σ²C²) float64
+noise.  It divides the noisy sum by β and takes an SGD step with learning rate λ ⊙ β.  The whole
+loop runs under ``jax.lax.scan``, in chunks so that a progress bar can advance between them.  The
+noisy sums are the DP release; the noisy gradients and the parameter trace are computed from
+them and public settings.
 """
 
 from __future__ import annotations
@@ -16,7 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpppl.privacy import clip_rows, gather, gaussian_noise, poisson_batch
+from dpppl.privacy import (
+    clip_rows,
+    gather,
+    gaussian_noise,
+    poisson_batch,
+    require_exact,
+    snapped_gaussian_release,
+    snapped_sensitivity,
+)
 from dpppl.progress import Progress
 from dpppl.record_model import RecordModel, per_example_grad
 
@@ -34,18 +46,42 @@ class DPSGDSettings(NamedTuple):
 
 @dataclass(frozen=True)
 class Trace:
-    """The released trace: φ_0..φ_T and the noisy gradients g̃_1..g̃_T (already divided by β)."""
+    """The released trace: φ_0..φ_T, the noisy sums s̃_1..s̃_T of preconditioned clipped
+    gradients and the noisy gradients g̃_t = s̃_t / β."""
 
     phi: np.ndarray  # (T + 1, d)
     noisy_grad: np.ndarray  # (T, d)
+    noisy_sum: np.ndarray  # (T, d)
 
 
-def make_step(model: RecordModel, capacity: int, mc_draws: int):
-    """One DP-SGD step ``step(phi, key, data, settings) -> (new_phi, (phi, noisy_grad))``."""
+class StepOutput(NamedTuple):
+    """What one step emits: the iterate it started from, its noisy gradient and noisy sum, and
+    whether a snapped release was exact (always true for the float release)."""
+
+    phi: jax.Array
+    noisy_grad: jax.Array
+    noisy_sum: jax.Array
+    exact: jax.Array
+
+
+def noise_std(settings: DPSGDSettings, grid: float | None, dim: int) -> float | jax.Array:
+    """The noise standard deviation in preconditioned units: σC for the float release, σ(C + g√d)
+    on grid g for the snapped one (the sensitivity of a sum of grid-rounded rows)."""
+    if grid is None:
+        return settings.noise_multiplier * settings.clipping_bound
+    return settings.noise_multiplier * snapped_sensitivity(settings.clipping_bound, grid, dim)
+
+
+def make_step(model: RecordModel, capacity: int, mc_draws: int, snapped: bool = False):
+    """One DP-SGD step ``step(phi, key, data, settings, grid) -> (new_phi, StepOutput)``.
+
+    ``snapped`` (static) chooses the snapped release on the (traced) ``grid``; the float release
+    ignores ``grid``.
+    """
     grads = per_example_grad(model.elbo_loss, n_args=2)
     n = model.n_params
 
-    def step(phi, key, data, settings: DPSGDSettings):
+    def step(phi, key, data, settings: DPSGDSettings, grid=None):
         key_batch, key_eps, key_noise = jax.random.split(key, 3)
         indices, mask = poisson_batch(
             key_batch, settings.n_records, settings.sampling_rate, capacity
@@ -56,27 +92,33 @@ def make_step(model: RecordModel, capacity: int, mc_draws: int):
         half = jax.random.normal(key_eps, ((mc_draws + 1) // 2, n), dtype=phi.dtype)
         eps = jnp.concatenate([half, -half])[:mc_draws]
         per_record = grads(phi, batch, eps, settings.n_records)
-        clipped = clip_rows(per_record * settings.preconditioner, settings.clipping_bound)
-        summed = jnp.sum(clipped * mask[:, None], axis=0)
-        noise = gaussian_noise(
-            key_noise, summed.shape, settings.noise_multiplier * settings.clipping_bound
+        rows = clip_rows(per_record * settings.preconditioner, settings.clipping_bound)
+        rows = rows * mask[:, None]
+        if snapped:
+            noisy_sum, exact = snapped_gaussian_release(
+                key_noise, rows, noise_std(settings, grid, 2 * n), grid
+            )
+        else:
+            summed = jnp.sum(rows, axis=0)
+            std = noise_std(settings, None, 2 * n)
+            noisy_sum = summed + gaussian_noise(key_noise, summed.shape, std)
+            exact = jnp.array(True)
+        noisy_grad = noisy_sum / settings.preconditioner
+        return phi - settings.learning_rate * noisy_grad, StepOutput(
+            phi, noisy_grad, noisy_sum, exact
         )
-        noisy_grad = (summed + noise) / settings.preconditioner
-        return phi - settings.learning_rate * noisy_grad, (phi, noisy_grad)
 
     return step
 
 
-def _chunk_runner(model: RecordModel, capacity: int, mc_draws: int, chunk: int):
-    step = make_step(model, capacity, mc_draws)
+def _chunk_runner(model: RecordModel, capacity: int, mc_draws: int, chunk: int, snapped: bool):
+    step = make_step(model, capacity, mc_draws, snapped)
 
     @jax.jit
-    def run(phi, key, data, settings):
+    def run(phi, key, data, settings, grid):
         keys = jax.random.split(key, chunk)
-        phi, (phis, grads) = jax.lax.scan(
-            lambda carry, k: step(carry, k, data, settings), phi, keys
-        )
-        return phi, phis, grads
+        phi, out = jax.lax.scan(lambda carry, k: step(carry, k, data, settings, grid), phi, keys)
+        return phi, out._replace(exact=jnp.all(out.exact))
 
     return run
 
@@ -110,41 +152,51 @@ def run_dpsgd(
     mc_draws: int,
     key: jax.Array,
     progress: Progress,
+    grid: float | None = None,
     chunk: int = 250,
 ) -> tuple[Trace, DPSGDSettings]:
     """Run ``steps`` DP-SGD steps from ``phi0``; return the released trace and the final settings.
 
+    ``grid``: the power-of-two grid of the snapped release (see
+    :class:`dpppl.privacy.SnappedGaussian`), or None for float64 Gaussian noise.  Every chunk's
+    snapped releases are checked to be exact before the next chunk runs, and
+    :class:`~dpppl.errors.InexactReleaseError` is raised, returning nothing, if one is not.
+
     During the burn-in the schedule may change the settings after every ``chunk`` steps, from
     the iterates released so far; after it they stay fixed, so the post-processing model sees
     one noise level, and the fixed phase starts where the schedule's ``restart`` says (a
-    function of released iterates only, so it costs no privacy).  Compiled loops are cached on ``model`` by their static shapes, so a second
-    fit of the same model and sizes does not recompile.
+    function of released iterates only, so it costs no privacy).  Compiled loops are cached on
+    ``model`` by their static shapes, so a second fit of the same model and sizes does not
+    recompile.
     """
     device_data = {k: jnp.asarray(v) for k, v in data.items()}
     phi = jnp.asarray(phi0, dtype=jnp.float64)
+    snapped = grid is not None
     burn_in = _chunks(schedule.burn_in_steps, chunk)
     final = _chunks(steps - schedule.burn_in_steps, chunk)
     keys = jax.random.split(key, len(burn_in) + len(final))
     settings = schedule.settings(np.asarray(phi)[None], progress=0.0 if burn_in else 1.0)
-    phis, grads = [], []
+    outputs = []
     with progress.task("DP-SGD", total=steps) as bar:
         for i, length in enumerate(burn_in + final):
             run = model.cached(
-                ("na-dpvi", "dpsgd", capacity, mc_draws, length),
-                lambda length=length: _chunk_runner(model, capacity, mc_draws, length),
+                ("na-dpvi", "dpsgd", capacity, mc_draws, length, snapped),
+                lambda length=length: _chunk_runner(model, capacity, mc_draws, length, snapped),
             )
-            phi, chunk_phis, chunk_grads = run(phi, keys[i], device_data, settings)
-            phis.append(chunk_phis)
-            grads.append(chunk_grads)
+            phi, out = run(phi, keys[i], device_data, settings, grid if snapped else 0.0)
+            require_exact(out.exact)
+            outputs.append(out)
             bar.advance(length)
             if i < len(burn_in):
                 settings = schedule.settings(
-                    np.asarray(chunk_phis), progress=(i + 1) / len(burn_in)
+                    np.asarray(out.phi), progress=(i + 1) / len(burn_in)
                 )
             if i == len(burn_in) - 1:
-                phi = jnp.asarray(schedule.restart(np.asarray(jnp.concatenate(phis))))
-    phis.append(phi[None])
+                burn_in_phi = jnp.concatenate([o.phi for o in outputs])
+                phi = jnp.asarray(schedule.restart(np.asarray(burn_in_phi)))
     trace = Trace(
-        phi=np.asarray(jnp.concatenate(phis)), noisy_grad=np.asarray(jnp.concatenate(grads))
+        phi=np.asarray(jnp.concatenate([o.phi for o in outputs] + [phi[None]])),
+        noisy_grad=np.asarray(jnp.concatenate([o.noisy_grad for o in outputs])),
+        noisy_sum=np.asarray(jnp.concatenate([o.noisy_sum for o in outputs])),
     )
     return trace, settings

@@ -50,6 +50,11 @@ FINAL_RATE = 0.002
 BETA_RANGE = (1e-8, 1e8)
 
 
+def default_clipping_bound(n_params: int) -> float:
+    """C = ``CLIP_SCALE`` · √d for the d = 2n standardised gradient coordinates of n parameters."""
+    return CLIP_SCALE * math.sqrt(2 * n_params)
+
+
 @dataclass
 class StandardisedSchedule:
     """The rules above, as a schedule for :func:`dpppl_na_dpvi.dpsgd.run_dpsgd`.
@@ -75,9 +80,8 @@ class StandardisedSchedule:
     last: DPSGDSettings | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        n = self.model.n_params
         if self.clipping_bound is None:
-            self.clipping_bound = CLIP_SCALE * math.sqrt(2 * n)
+            self.clipping_bound = default_clipping_bound(self.model.n_params)
         if self.u_preconditioning is None:
             self.u_preconditioning = 2.0 * self.model.n_records
 

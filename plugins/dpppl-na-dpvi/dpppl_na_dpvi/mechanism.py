@@ -18,12 +18,13 @@ import xarray as xr
 
 from dpppl import Mechanism, PrivacyPlan, Release
 from dpppl.accounting import Accountant
+from dpppl.errors import InvalidPrivacyParameterError
 from dpppl.events import NeighbourRelation, PrivacyEvent, poisson_subsampled_gaussian
-from dpppl.privacy import PoissonSampler, jax_key
+from dpppl.privacy import PoissonSampler, SnappedGaussian, jax_key
 from dpppl.progress import Progress
 from dpppl.record_model import RecordModel
-from dpppl_na_dpvi.dpsgd import DPSGDSettings, Trace, run_dpsgd
-from dpppl_na_dpvi.heuristics import StandardisedSchedule
+from dpppl_na_dpvi.dpsgd import DPSGDSettings, Trace, noise_std, run_dpsgd
+from dpppl_na_dpvi.heuristics import StandardisedSchedule, default_clipping_bound
 from dpppl_na_dpvi.postprocess import (
     MAX_FULL_CURVATURE,
     ModelStructure,
@@ -38,8 +39,9 @@ class NADPVI(Mechanism):
     """Noise-aware DP variational inference (NA-DPVI).
 
     DP-SGD optimises a mean-field Gaussian q(θ; μ, softplus(u)) (variances softplus(u)) over the
-    model's unconstrained parameters; its parameter trace and noisy gradients are the DP release.
-    A Bayesian model of that trace (g̃_{t+1} ~ N(κA(φ_t − φ*), σ²C²/β²)) gives a posterior over the
+    model's unconstrained parameters; its noisy gradient sums, and the parameter trace computed
+    from them, are the DP release.
+    A Bayesian model of that trace (g̃_{t+1} ~ N(κA(φ_t − φ*), σ²Δ²/β²)) gives a posterior over the
     optimum φ*, and the result's posterior is the mixture (1/M) Σ q(θ; φ*_i): uncertain by as much
     as the privacy noise makes it.
 
@@ -78,6 +80,14 @@ class NADPVI(Mechanism):
         ``"full"``: a full curvature matrix for the μ-coordinates (needed when the posterior is
         correlated); ``"diagonal"``: the paper's diagonal A; ``"auto"`` (default): full for 2 to
         30 model parameters.
+    noise
+        How the noisy gradient sums are released.  ``"snapped"`` (default): hardened against
+        floating-point attacks; each clipped gradient is rounded to a power-of-two grid g, the
+        noise is exact discrete-Gaussian on that grid with std σ(C + g√d), and every released
+        sum is exactly k·g (see :class:`dpppl.privacy.SnappedGaussian`; it costs an extra δ of
+        (1 + e^ε)·T·d·3.6·10⁻¹⁵, in the plan's ``snapping_delta``, so a plan whose δ cannot
+        cover that, at large ε, is refused).  ``"float"``: float64 Gaussian noise of std σC,
+        as in the paper; the low bits of its outputs can depend on the data (Jin et al. 2022).
     relation
         The neighbour relation of the guarantee.  ``"add_or_remove_one"`` (default, the papers'):
         N, which sizes the batches and weights the prior, is treated as a public constant, so the
@@ -108,6 +118,7 @@ class NADPVI(Mechanism):
         subsampling_noise: bool = False
         curvature_prior: Literal["structural", "trace"] = "structural"
         curvature: Literal["auto", "full", "diagonal"] = "auto"
+        noise: Literal["snapped", "float"] = "snapped"
         relation: Literal["add_or_remove_one", "replace_one"] = "add_or_remove_one"
 
         def __post_init__(self) -> None:
@@ -150,12 +161,27 @@ class NADPVI(Mechanism):
                 raise ValueError(
                     f"na-dpvi option inference must be 'nuts' or 'laplace', got {self.inference!r}"
                 )
+            if self.noise not in ("snapped", "float"):
+                raise ValueError(
+                    f"na-dpvi option noise must be 'snapped' or 'float', got {self.noise!r}"
+                )
+
+    #: The model's number of parameters, recorded by :meth:`check_model` for :meth:`plan`.
+    _n_params: int | None = None
 
     # -- privacy ----------------------------------------------------------------------------------
 
     @property
     def relation(self) -> NeighbourRelation:  # type: ignore[override]
         return NeighbourRelation(self.options.relation)
+
+    def check_model(self, model: RecordModel) -> None:
+        """Record the model's size: the snapped release's grid and δ depend on its dimension.
+
+        ``dpppl.sampling.plan_fit`` calls this before :meth:`plan`, as it does for every
+        mechanism.
+        """
+        self._n_params = model.n_params
 
     def privacy_event(self, *, n_records: int, noise_multiplier: float) -> PrivacyEvent:
         # noise_multiplier is relative to the clipping bound C under either relation; the event
@@ -179,30 +205,67 @@ class NADPVI(Mechanism):
     ) -> PrivacyPlan:
         """Calibrate σ for T Poisson-subsampled Gaussian steps.
 
-        A tiny share of δ pays for the fixed batch shape: batches larger than the sampler's
-        capacity (probability below 10⁻⁴ δ over the whole run) are truncated, and the accountant
-        is asked for the rest of δ.
+        Tiny shares of δ pay for what the accounted event leaves out, and the accountant is asked
+        for the rest: batches larger than the sampler's capacity are truncated (probability
+        below 10⁻⁴ δ over the whole run), and the snapped release's discrete-Gaussian noise is
+        within a total variation of 3.6·10⁻¹⁵ per coordinate and step of the rounded
+        continuous Gaussian the event describes (:class:`dpppl.privacy.SnappedGaussian`).
+        Both are charged (1 + e^ε) times their total variation.
         """
+        o = self.options
         sampler = self._sampler(n_records, epsilon, delta)
-        truncation = sampler.delta_cost(self.options.steps, epsilon)
+        truncation = sampler.delta_cost(o.steps, epsilon)
+        snapping = 0.0
+        if o.noise == "snapped":
+            if self._n_params is None:
+                raise RuntimeError(
+                    "na-dpvi's plan needs the model's dimension: call check_model(model) first "
+                    "(dpppl.sampling.plan_fit does)"
+                )
+            snapping = SnappedGaussian.delta_cost(
+                steps=o.steps, dim=2 * self._n_params, epsilon=epsilon
+            )
+        extra_delta = truncation + snapping
+        if extra_delta >= delta:
+            raise InvalidPrivacyParameterError(
+                f"delta={delta:g} does not cover the snapped release's share "
+                f"({snapping:.3g}) at epsilon={epsilon:g} and {o.steps} steps; use a larger "
+                "delta or the option noise='float'"
+            )
         accounted = super().plan(
-            n_records=n_records, epsilon=epsilon, delta=delta - truncation, accountant=accountant
+            n_records=n_records, epsilon=epsilon, delta=delta - extra_delta, accountant=accountant
         )
+        details = {
+            "steps": o.steps,
+            "sampling": "poisson",
+            "sampling_rate": o.sampling_rate,
+            "batch_capacity": sampler.capacity,
+            "accountant_delta": accounted.delta,
+            "truncation_delta": truncation,
+            "noise": o.noise,
+            "releases": "DP-SGD parameter trace and noisy gradient sums",
+            # Under replace-one the sensitivity is twice this, and the event's multiplier half σ.
+            "noise_std": "noise_multiplier x the sensitivity of one record (C, or C + grid x sqrt(d))",
+        }
+        if o.noise == "snapped":
+            # The grid depends on public quantities only: the batch capacity, C (the option or
+            # the rule the schedule applies), σ and d.
+            bound = o.clipping_bound
+            release = SnappedGaussian.for_sum(
+                capacity=sampler.capacity,
+                clipping_bound=default_clipping_bound(self._n_params) if bound is None else bound,
+                noise_multiplier=accounted.noise_multiplier,
+                dim=2 * self._n_params,
+            )
+            details.update(
+                grid=release.grid,
+                sensitivity=release.sensitivity,
+                snapping_delta=snapping,
+                releases="DP-SGD parameter trace and noisy gradient sums, the sums exactly on "
+                "the grid",
+            )
         return dataclasses.replace(
-            accounted,
-            delta=delta,
-            extra_delta=truncation,
-            details={
-                "steps": self.options.steps,
-                "sampling": "poisson",
-                "sampling_rate": self.options.sampling_rate,
-                "batch_capacity": sampler.capacity,
-                "accountant_delta": accounted.delta,
-                "truncation_delta": truncation,
-                "releases": "DP-SGD parameter trace and noisy gradient sums",
-                # Under replace-one the sensitivity is 2C, so the event's multiplier is half this.
-                "noise_std": "noise_multiplier x the clipping bound C",
-            },
+            accounted, delta=delta, extra_delta=extra_delta, details=details
         )
 
     # -- fitting ----------------------------------------------------------------------------------
@@ -217,6 +280,7 @@ class NADPVI(Mechanism):
         progress: Progress,
     ) -> Release:
         o = self.options
+        grid = plan.details["grid"] if o.noise == "snapped" else None
         key_sgd, key_post, key_theta = jax.random.split(jax_key(seed), 3)
         schedule = StandardisedSchedule(
             model,
@@ -238,13 +302,14 @@ class NADPVI(Mechanism):
             mc_draws=o.mc_draws,
             key=key_sgd,
             progress=progress,
+            grid=grid,
         )
         groups = {"dpvi_trace": _trace_dataset(model, trace)}
         if o.posterior == "naive":
             phi_star = trace.phi[-1][None, None, :].repeat(o.chains, 0).repeat(o.draws, 1)
         else:
             post = self._post_process(
-                model, trace, schedule.burn_in_steps, final, key_post, progress
+                model, trace, schedule.burn_in_steps, final, grid, key_post, progress
             )
             phi_star = post.phi_star
             groups.update(_postprocessing_groups(model, post))
@@ -257,6 +322,7 @@ class NADPVI(Mechanism):
         trace: Trace,
         burn_in_steps: int,
         settings: DPSGDSettings,
+        grid: float | None,
         key: jax.Array,
         progress: Progress,
     ) -> PostProcessingDraws:
@@ -270,7 +336,7 @@ class NADPVI(Mechanism):
             trace.phi,
             trace.noisy_grad,
             burn_in=burn_in_steps,
-            noise_std=settings.noise_multiplier * bound / beta,
+            noise_std=noise_std(settings, grid, 2 * model.n_params) / beta,
             rate=o.sampling_rate,
             subsampling_scale=subsampling_scale,
             curvature_prior=o.curvature_prior,
@@ -312,6 +378,7 @@ def _trace_dataset(model: RecordModel, trace: Trace) -> xr.Dataset:
         {
             "phi": (("step", "vi_param"), trace.phi),
             "noisy_grad": (("iteration", "vi_param"), trace.noisy_grad),
+            "noisy_sum": (("iteration", "vi_param"), trace.noisy_sum),
         },
         coords={
             "step": np.arange(trace.phi.shape[0]),
@@ -319,8 +386,10 @@ def _trace_dataset(model: RecordModel, trace: Trace) -> xr.Dataset:
             "vi_param": labels,
         },
         attrs={
-            "description": "DP-SGD release: parameters phi_t (t = 0..T) and noisy gradient sums "
-            "g_t (t = 1..T) of the variational objective; phi = (mu, u), variances softplus(u)",
+            "description": "DP-SGD release: noisy sums s_t (t = 1..T) of the clipped, "
+            "preconditioned per-record gradients of the variational objective (exactly on the "
+            "plan's grid with noise='snapped'), noisy gradients g_t = s_t / beta and parameters "
+            "phi_t (t = 0..T); phi = (mu, u), variances softplus(u)",
         },
     )
 

@@ -1,4 +1,5 @@
-"""One DP-SGD step of DPVI bounds each record's contribution and adds the declared noise."""
+"""One DP-SGD step of DPVI bounds each record's contribution and adds the declared noise, in
+float64 or snapped to a grid."""
 
 from __future__ import annotations
 
@@ -49,35 +50,45 @@ def test_one_record_moves_the_noise_free_sum_by_at_most_the_bound(model):
     data = {k: jnp.asarray(v[:1]) for k, v in model.data().items()}
     beta = jnp.array([1.0, 1.0, 50.0, 50.0])
     for seed in range(20):
-        _, (_, grad) = step(far_phi(model), jax.random.key(seed), data,
-                            settings(model, sigma=0.0, bound=0.7, beta=beta))
+        grad = step(far_phi(model), jax.random.key(seed), data,
+                    settings(model, sigma=0.0, bound=0.7, beta=beta))[1].noisy_grad
         assert float(jnp.linalg.norm(grad * beta)) <= 0.7 * (1 + 1e-12)
 
 
 def test_the_batch_sum_is_bounded_by_the_bound_times_the_batch_size(model):
     step = jax.jit(make_step(model, capacity=50, mc_draws=4))
     data = {k: jnp.asarray(v) for k, v in model.data().items()}
-    _, (_, grad) = step(far_phi(model), jax.random.key(1), data,
-                        settings(model, sigma=0.0, bound=0.5))
+    grad = step(far_phi(model), jax.random.key(1), data,
+                settings(model, sigma=0.0, bound=0.5))[1].noisy_grad
     # Far from the optimum all records push the same way, so the clipped sum is nearly 50 · C.
     assert 0.9 * 25 <= float(jnp.linalg.norm(grad)) <= 25 * (1 + 1e-12)
 
 
-def test_the_injected_noise_has_standard_deviation_sigma_times_c(model):
-    step = jax.jit(make_step(model, capacity=64, mc_draws=4))
+@pytest.mark.parametrize("grid", [None, 2.0**-20], ids=["float", "snapped"])
+def test_the_injected_noise_has_the_declared_standard_deviation(model, grid):
+    """σC for float noise; σ(C + g√d) for the snapped release, whose rows are rounded to the
+    grid g first, so its difference from the float noise-free sum is noise plus at most
+    64 g/2 per coordinate (10⁻⁵ of the noise std here)."""
+    clean_step = jax.jit(make_step(model, capacity=64, mc_draws=4))
+    step = jax.jit(make_step(model, capacity=64, mc_draws=4, snapped=grid is not None))
     data = {k: jnp.asarray(v) for k, v in model.data().items()}
     phi = far_phi(model)
     beta = jnp.array([1.0, 2.0, 30.0, 30.0])
     sigma, bound = 3.0, 0.8
+    noisy_settings = settings(model, sigma=sigma, bound=bound, rate=0.3, beta=beta)
+    clean_settings = settings(model, sigma=0.0, bound=bound, rate=0.3, beta=beta)
+    std = sigma * (bound if grid is None else bound + grid * 2)  # d = 4
     noise = []
     for seed in range(3000):
         key = jax.random.key(seed)
         # The same key draws the same batch and Monte Carlo draws: the difference is the noise.
-        _, (_, noisy) = step(phi, key, data, settings(model, sigma=sigma, bound=bound, rate=0.3, beta=beta))
-        _, (_, clean) = step(phi, key, data, settings(model, sigma=0.0, bound=bound, rate=0.3, beta=beta))
-        noise.append(np.asarray((noisy - clean) * beta))
+        noisy = step(phi, key, data, noisy_settings, grid)[1]
+        clean = clean_step(phi, key, data, clean_settings)[1]
+        assert bool(noisy.exact)
+        np.testing.assert_allclose(noisy.noisy_grad, noisy.noisy_sum / beta)
+        noise.append(np.asarray(noisy.noisy_sum - clean.noisy_sum))
     noise = np.concatenate(noise)
-    statistic = np.sum(noise**2) / (sigma * bound) ** 2
+    statistic = np.sum(noise**2) / std**2
     assert stats.chi2.sf(statistic, noise.size) > SIGNIFICANCE
     assert stats.chi2.cdf(statistic, noise.size) > SIGNIFICANCE
 
@@ -91,11 +102,11 @@ def test_records_are_included_at_the_sampling_rate(model):
     step = jax.jit(make_step(model, capacity=n, mc_draws=2))
     one = step(far_phi(model), jax.random.key(0),
                {k: v[:1] for k, v in data.items()},
-               DPSGDSettings(0.5, 0.0, jnp.ones(4), jnp.zeros(4), 1.0, 1))[1][1]
+               DPSGDSettings(0.5, 0.0, jnp.ones(4), jnp.zeros(4), 1.0, 1))[1].noisy_grad
     counts = []
     for seed in rng.integers(0, 2**31, size=400):
-        _, (_, grad) = step(far_phi(model), jax.random.key(int(seed)), data,
-                            settings(model, sigma=0.0, bound=0.5, rate=0.2))
+        grad = step(far_phi(model), jax.random.key(int(seed)), data,
+                    settings(model, sigma=0.0, bound=0.5, rate=0.2))[1].noisy_grad
         counts.append(float(jnp.linalg.norm(grad) / jnp.linalg.norm(one)))
     counts = np.rint(counts)
     assert abs(counts.mean() - 0.2 * n) < 5 * np.sqrt(0.2 * 0.8 * n / len(counts))
@@ -105,7 +116,7 @@ def test_the_update_is_minus_learning_rate_times_the_noisy_gradient(model):
     step = jax.jit(make_step(model, capacity=50, mc_draws=2))
     data = {k: jnp.asarray(v) for k, v in model.data().items()}
     phi = far_phi(model)
-    new_phi, (old_phi, grad) = step(phi, jax.random.key(2), data,
-                                    settings(model, sigma=1.0, bound=1.0, lr=0.01))
-    np.testing.assert_allclose(old_phi, phi)
-    np.testing.assert_allclose(new_phi, phi - 0.01 * grad)
+    new_phi, out = step(phi, jax.random.key(2), data,
+                        settings(model, sigma=1.0, bound=1.0, lr=0.01))
+    np.testing.assert_allclose(out.phi, phi)
+    np.testing.assert_allclose(new_phi, phi - 0.01 * out.noisy_grad)

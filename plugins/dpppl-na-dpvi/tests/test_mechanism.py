@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax.monitoring
 import numpy as np
 import pymc as pm
@@ -12,6 +14,7 @@ import dpppl.events
 from dpppl.events import poisson_subsampled_gaussian
 from dpppl.plugins import get_accountant, get_mechanism
 from dpppl.testing import example_models
+from dpppl_na_dpvi.heuristics import default_clipping_bound
 
 FAST = {"steps": 300, "tune": 100, "draws": 100, "chains": 2, "mc_draws": 2}
 
@@ -32,17 +35,28 @@ def sample(model, **options):
         return dpppl.sample(**settings)
 
 
-def test_the_plan_is_the_dp_sgd_event_calibrated_below_target():
-    mechanism = get_mechanism("na-dpvi")(steps=1000, sampling_rate=0.05)
+@pytest.mark.parametrize("noise", ["snapped", "float"])
+def test_the_plan_is_the_dp_sgd_event_calibrated_below_target(model, noise):
+    mechanism = get_mechanism("na-dpvi")(steps=1000, sampling_rate=0.05, noise=noise)
+    mechanism.check_model(dpppl.record_model(model))
     accountant = get_accountant("rdp")()
     plan = mechanism.plan(n_records=2000, epsilon=0.5, delta=1e-5, accountant=accountant)
     assert plan.event == poisson_subsampled_gaussian(plan.noise_multiplier, 0.05, 1000)
     assert 0.99 * 0.5 <= plan.epsilon <= 0.5
-    # The fixed batch shape costs a sliver of δ; the accountant gets the rest.
+    # The fixed batch shape and the snapped release cost slivers of δ; the accountant gets the
+    # rest.
     details = plan.details
-    assert details["accountant_delta"] + details["truncation_delta"] <= 1e-5
+    extra = details["truncation_delta"] + details.get("snapping_delta", 0.0)
+    assert details["accountant_delta"] + extra <= 1e-5
     assert details["truncation_delta"] <= 1e-4 * 1e-5
-    assert plan.extra_delta == details["truncation_delta"]  # a ledger subtracts it from its δ
+    assert plan.extra_delta == pytest.approx(extra)  # a ledger subtracts it from its δ
+    if noise == "snapped":
+        # (1 + e^0.5) · 1000 steps · d = 2 coordinates · 3.6·10⁻¹⁵ per draw.
+        assert 0 < details["snapping_delta"] < 2e-11
+        # One parameter: d = 2 coordinates, C by the default rule, sensitivity C + g√d.
+        grid = details["grid"]
+        assert grid == 2.0 ** (math.frexp(grid)[1] - 1)
+        assert details["sensitivity"] == default_clipping_bound(1) + grid * math.sqrt(2)
     assert accountant.epsilon(plan.event, delta=details["accountant_delta"],
                               relation=plan.relation) <= 0.5
 
@@ -68,6 +82,11 @@ def test_replace_one_with_an_accountant_that_cannot_bound_it_spends_nothing(mode
     with pytest.raises(dpppl.UnsupportedEventError, match="rdp"):
         sample(model, relation="replace_one", accountant="rdp", ledger=ledger)
     assert ledger.entries == []
+
+
+def test_a_snapped_release_whose_delta_share_exceeds_delta_is_refused_before_the_fit(model):
+    with pytest.raises(dpppl.InvalidPrivacyParameterError, match="noise='float'"):
+        sample(model, epsilon=40.0)
 
 
 def test_the_result_holds_the_trace_and_the_post_processing_posterior(model):
@@ -110,7 +129,9 @@ def test_laplace_finds_a_finite_mode_of_a_twelve_parameter_model_at_low_noise():
         w = pm.Normal("w", 0.0, 2 * pm.math.sqrt(sigma2), shape=10)
         b = pm.Normal("b", 0.0, 2 * pm.math.sqrt(sigma2))
         pm.Normal("y", x @ w + b, pm.math.sqrt(sigma2), observed=y)
-    result = sample(model, inference="laplace", epsilon=100.0, steps=1000, chains=1, draws=200)
+    # At ε = 100 the snapped release's δ share, (1 + e^ε)·T·d·3.6·10⁻¹⁵, is far above any δ.
+    result = sample(model, inference="laplace", epsilon=100.0, steps=1000, chains=1, draws=200,
+                    noise="float")
     sigma2_draws = result.posterior["sigma2"].values
     assert np.isfinite(sigma2_draws).all() and np.isfinite(result.posterior["w"].values).all()
     # The residual variance is 0.16² = 0.0256; a working fit lands near it.
