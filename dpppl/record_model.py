@@ -303,6 +303,7 @@ class RecordModel:
         )
         self._n_records = structure.n_records
         self._record_dim = structure.dim
+        self._holds: pm.Model | None = None  # see record_model(hold_model=...)
         self._batch_inputs = {
             v.name: pt.tensor(
                 name=f"{v.name}_batch", dtype=v.dtype, shape=(None, *v.trailing_shape)
@@ -695,12 +696,26 @@ def _model_signature(model: pm.Model, structure: RecordStructure) -> tuple:
     return tuple(model.named_vars), tuple(model.rvs_to_values), shared
 
 
-def record_model(model: pm.Model | None = None, records: str | None = None) -> RecordModel:
+def record_model(
+    model: pm.Model | None = None, records: str | None = None, *, hold_model: bool = True
+) -> RecordModel:
     """The compiled :class:`RecordModel` of ``model`` (or of the model in the ``with`` context).
 
     The compilation is looked up by the model's structure (its graph, with the record arrays as
     inputs, and N), so a freshly built model of the same structure as one before it compiles
     nothing; a bounded number of structures is kept (:func:`compiled_models`).
+
+    Parameters
+    ----------
+    model
+        The PyMC model; the one in the ``with`` context when None.
+    records
+        Name of the record dimension; found from the observed variables when None.
+    hold_model
+        Keep ``model`` alive for as long as the returned object lives (the default, so that
+        ``record_model(build())`` can be used on its own).  dpppl's own fits pass False: what a
+        mechanism caches is shared by every model of the structure and may keep the
+        ``RecordModel`` it was given, which must then not keep a data set alive.
     """
     model = pm.modelcontext(model)
     # Checked on every call: pm.set_data may have changed the data (and N) since the last one.
@@ -710,6 +725,10 @@ def record_model(model: pm.Model | None = None, records: str | None = None) -> R
     if signature not in entry:
         entry.clear()
         entry[signature] = RecordModel(model, structure)
-    cached = entry[signature]
-    cached.structure = structure
-    return cached
+    bound = entry[signature]
+    bound.structure = structure
+    if not hold_model:
+        return bound
+    holding = copy.copy(bound)
+    holding._holds = model
+    return holding

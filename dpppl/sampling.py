@@ -157,7 +157,7 @@ def sample(
     """
     epsilon, delta = check_epsilon_delta(epsilon, delta)
     mechanism_obj = get_mechanism(mechanism)(**options)
-    compiled = record_model(model, records)
+    compiled = record_model(model, records, hold_model=False)
     tarp_options = _tarp_request(compiled, tarp, records, progressbar)
     plan, chosen = plan_fit(
         mechanism_obj, compiled, epsilon=epsilon, delta=delta, accountant=accountant

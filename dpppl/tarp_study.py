@@ -241,7 +241,7 @@ def tarp(
     if n_posterior_draws is not None:
         _check_positive("n_posterior_draws", n_posterior_draws)
     mechanism_obj = get_mechanism(mechanism)(**options)
-    compiled = record_model(model, records)
+    compiled = record_model(model, records, hold_model=False)
     sim = simulator(compiled)
     root = _root_seed(random_seed)
     *seeds, reference_seed = _children(root, n_simulations + 1)

@@ -12,6 +12,7 @@ import numpy as np
 import pymc as pm
 import pytest
 
+import dpppl
 from dpppl.record_model import (
     compiled_models,
     per_example_grad,
@@ -267,18 +268,27 @@ def test_set_data_on_data_that_are_not_records_changes_the_function():
     assert after == pytest.approx(before + np.log(0.5) + 0.5 - 0.125)
 
 
-def test_a_model_is_freed_when_its_user_drops_it():
-    """What mechanisms cache is shared by structure and may keep a RecordModel alive; that must
-    not keep the model, and with it a data set, alive."""
+def test_a_fitted_model_is_freed_when_its_user_drops_it():
+    """What mechanisms cache is shared by structure and keeps the RecordModel it was given; that
+    must not keep the model, and with it a data set, alive."""
     model = _beta_bernoulli(np.ones(25, dtype=int))
-    compiled = record_model(model)
-    compiled.cached("closure", lambda: (lambda: compiled.n_records))
+    with model:
+        dpppl.sample(mechanism="na-dpvi", epsilon=1.0, delta=1e-3, progressbar=False,
+                     steps=100, burn_in=0.0, inference="laplace", chains=1, draws=20)
     alive = weakref.ref(model)
     del model
     gc.collect()
     assert alive() is None
+
+
+def test_a_record_model_keeps_its_model_alive_unless_asked_not_to():
+    held = record_model(_beta_bernoulli(np.ones(25, dtype=int)))
+    gc.collect()
+    assert held.data()["y"].shape == (25,)
+    weak = record_model(_beta_bernoulli(np.ones(25, dtype=int)), hold_model=False)
+    gc.collect()
     with pytest.raises(ReferenceError, match="no longer exists"):
-        compiled.data()
+        weak.data()
 
 
 def test_the_process_keeps_a_bounded_number_of_structures(monkeypatch):
