@@ -3,6 +3,9 @@
 Subcommands: ``demo``, ``fit``, ``report``, ``accountant``, ``plugins`` (``dpppl --help``).
 Results go to stdout, progress and notes to stderr; ``--json`` makes stdout one JSON document.
 
+PyMC, JAX and ArviZ are imported by the subcommands that use them, so that ``--help``,
+``plugins`` and the argument checks answer at once.
+
 Exit codes: 0 success; 1 the run was refused or failed (dpppl refused the model, the data, the
 privacy setting or the budget; a model, data or result file is broken); 2 the command line is
 wrong (unknown subcommand or flag, a missing input file, a value out of range such as ε ≤ 0,
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import math
 import sys
@@ -21,22 +25,18 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import arviz as az
-import xarray as xr
+from typing import TYPE_CHECKING, Any
 
 from dpppl import __version__
-from dpppl.demo import DEMO_SIMULATIONS, SMOKE_OPTIONS, run_demo
-from dpppl.diagnostics import coverage_summary
+from dpppl.demo import DEMO_SIMULATIONS, SMOKE_OPTIONS
 from dpppl.errors import DPPPLError, PluginNotFoundError
 from dpppl.events import NeighbourRelation, PrivacyEvent, poisson_subsampled_gaussian
 from dpppl.mechanism import Mechanism
-from dpppl.model_file import EXAMPLE_MODEL_FILE, build_model_from_files
-from dpppl.plugins import get_accountant, get_mechanism, provider, registry
-from dpppl.report import read_result, write_report
-from dpppl.results import privacy_statement
-from dpppl.sampling import sample
+from dpppl.model_file import EXAMPLE_MODEL_FILE
+from dpppl.plugins import accountants, get_accountant, get_mechanism, mechanisms, registry
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -333,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _demo(args: argparse.Namespace) -> Answer:
+    from dpppl.demo import run_demo
+
     options = dict(SMOKE_OPTIONS) if args.smoke else {}
     if args.steps is not None:
         options["steps"] = args.steps
@@ -370,6 +372,9 @@ def _demo(args: argparse.Namespace) -> Answer:
 
 
 def _fit(args: argparse.Namespace) -> Answer:
+    from dpppl.model_file import build_model_from_files
+    from dpppl.sampling import sample
+
     options = dict(args.option)
     _check_plugins(args.mechanism, args.accountant, options)
     model = build_model_from_files(args.model, args.data)
@@ -390,6 +395,8 @@ def _fit(args: argparse.Namespace) -> Answer:
 
 
 def _report(args: argparse.Namespace) -> Answer:
+    from dpppl.report import read_result, write_report
+
     result = read_result(args.result)
     path = write_report(result, args.out or args.result.with_suffix(".html"))
     return _outcome(result, {"result": args.result, "report": path})
@@ -436,38 +443,30 @@ def _accountant(args: argparse.Namespace) -> Answer:
 
 
 def _plugins(args: argparse.Namespace) -> Answer:
-    installed = registry()
-    listing = {
-        "mechanisms": _plugin_rows(installed.mechanisms, "mechanism"),
-        "accountants": _plugin_rows(installed.accountants, "accountant"),
-    }
+    listing = {"mechanisms": mechanisms(), "accountants": accountants()}
     text = []
-    for heading, rows in listing.items():
+    for heading, installed in listing.items():
         text.append(f"{heading}:")
-        providers = [f"{row['distribution']} {row['version']}" for row in rows]
-        name_width = max((len(row["name"]) for row in rows), default=0)
+        rows = list(installed.values())
+        providers = [f"{row.distribution} {row.version}" for row in rows]
+        name_width = max((len(row.name) for row in rows), default=0)
         provider_width = max(map(len, providers), default=0)
-        text += [
-            f"  {row['name']:<{name_width}}  {by:<{provider_width}}  {row['description']}"
-            for row, by in zip(rows, providers, strict=True)
-        ] or ["  (none installed)"]
-    names = [row["name"] for rows in listing.values() for row in rows]
-    return Answer(listing, text, names)
-
-
-def _plugin_rows(table: dict[str, type], kind: str) -> list[dict[str, str]]:
-    rows = []
-    for name in sorted(table):
-        distribution, _, version = provider(kind, name).partition(" ")
-        rows.append(
-            {
-                "name": name,
-                "distribution": distribution,
-                "version": version or "unknown",
-                "description": table[name].description,
-            }
-        )
-    return rows
+        for row, by in zip(rows, providers, strict=True):
+            text.append(f"  {row.name:<{name_width}}  {by:<{provider_width}}  {row.description}")
+            if row.options:
+                options = ", ".join(f"{name}={value!r}" for name, value in row.options.items())
+                text += textwrap.wrap(
+                    f"options: {options}", width=100, initial_indent=" " * (name_width + 4),
+                    subsequent_indent=" " * (name_width + 6),
+                )
+        if not rows:
+            text.append("  (none installed)")
+    data = {
+        heading: [dataclasses.asdict(row) for row in installed.values()]
+        for heading, installed in listing.items()
+    }
+    names = [name for installed in listing.values() for name in installed]
+    return Answer(data, text, names)
 
 
 # -- shared steps ---------------------------------------------------------------------------------
@@ -495,6 +494,8 @@ def _save(
     coverage_heading: str = "Coverage (TARP):",
 ) -> Answer:
     """Write the result (and the report, if asked) and describe them."""
+    from dpppl.report import write_report
+
     path.parent.mkdir(parents=True, exist_ok=True)
     result.to_netcdf(path)
     paths = {"result": path}
@@ -507,6 +508,11 @@ def _outcome(
     result: xr.DataTree, paths: dict[str, Path], *, coverage_heading: str = "Coverage (TARP):"
 ) -> Answer:
     """The summary, the privacy statement, the coverage if any, and where the files are."""
+    import arviz as az
+
+    from dpppl.diagnostics import coverage_summary
+    from dpppl.results import privacy_statement
+
     summary = az.summary(result)
     statement = privacy_statement(result)
     located = {kind: str(path.resolve()) for kind, path in paths.items()}

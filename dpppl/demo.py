@@ -8,20 +8,20 @@ The data are the 2000 rows of UCI Adult that ship with dpppl
 on age, education level, weekly working hours and sex.  The continuous features are centred and
 scaled by fixed values chosen in advance, not by statistics of the data, so the scaling spends
 no privacy budget and a coefficient has a unit that reads the same on any data set.
+
+The libraries that fit the model are imported inside the functions: ``dpppl --help`` reads this
+module's settings and should not wait for PyMC and JAX.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
-import pymc as pm
-import xarray as xr
-
-from dpppl.datasets import income_labels, load_adult_sample
-from dpppl.sampling import sample
-from dpppl.tarp_study import add_tarp
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    import pymc as pm
+    import xarray as xr
 
 #: Continuous features of the demo: ``column: (centre, scale)``, so that a coefficient is the
 #: change in log-odds per 10 years of age, per 3 education levels, per 10 hours a week.
@@ -49,6 +49,10 @@ def demo_features(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     labels : numpy.ndarray
         1 where the income is above 50K.
     """
+    import pandas as pd
+
+    from dpppl.datasets import income_labels
+
     kept = frame.dropna(subset=[*DEMO_SCALING, "sex", "class"])
     features = pd.DataFrame(
         {
@@ -66,6 +70,11 @@ def demo_model(frame: pd.DataFrame | None = None) -> pm.Model:
     ``income_over_50k ~ Bernoulli(logit⁻¹(intercept + X @ w))`` with ``intercept ~ N(0, 2.5²)``
     and ``w ~ N(0, 1)`` per feature; ``X`` is a ``pm.Data`` with dims ``("person", "feature")``.
     """
+    import numpy as np
+    import pymc as pm
+
+    from dpppl.datasets import load_adult_sample
+
     features, labels = demo_features(load_adult_sample() if frame is None else frame)
     coords = {"person": np.arange(len(labels)), "feature": list(features.columns)}
     with pm.Model(coords=coords) as model:
@@ -112,6 +121,10 @@ def run_demo(
     notes : list of str
         What was fitted and how far to trust the check, for the report.
     """
+    from dpppl.datasets import load_adult_sample
+    from dpppl.sampling import sample
+    from dpppl.tarp_study import add_tarp
+
     options = dict(options or {})
     frame = load_adult_sample()
     model = demo_model(frame)

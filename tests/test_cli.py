@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -88,6 +89,35 @@ def test_plugins_lists_mechanisms_and_accountants_with_their_distributions():
     assert any(line.split()[:3] == ["na-dpvi", "dpppl-na-dpvi", "0.1.0"] for line in lines)
     assert any(line.split()[:2] == ["pld", "dpppl-dp-accounting"] for line in lines)
     assert any(line.split()[:2] == ["prv", "dpppl-prv"] for line in lines)
+    assert any(line.strip().startswith("options: steps=10000, sampling_rate=0.1,") for line in lines)
+
+
+def test_plugins_answers_from_the_stored_listing_without_loading_pymc_or_jax(tmp_path):
+    """The listing is kept in the user cache, so only the first ``dpppl plugins`` after a
+    plugin changes waits for the plugins to load."""
+    probe = (
+        "import json, sys, contextlib, io\n"
+        "import dpppl.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    code = dpppl.cli.main(['plugins', '--json'])\n"
+        "print(json.dumps({'code': code, 'listing': json.loads(out.getvalue()),\n"
+        "                  'heavy': [m for m in ('pymc', 'jax', 'pytensor', 'arviz') if m in sys.modules]}))\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", probe], env=env, check=True, capture_output=True,
+                text=True, timeout=120,
+            ).stdout
+        )
+        for _ in range(2)
+    ]
+    assert runs[0]["code"] == runs[1]["code"] == 0
+    assert runs[1]["listing"] == runs[0]["listing"]
+    assert "jax" in runs[0]["heavy"] and runs[1]["heavy"] == []
+    na_dpvi = next(row for row in runs[1]["listing"]["mechanisms"] if row["name"] == "na-dpvi")
+    assert na_dpvi["distribution"] == "dpppl-na-dpvi" and na_dpvi["options"]["steps"] == 10000
 
 
 def test_accountant_finds_sigma_for_a_target_and_epsilon_for_that_sigma():
