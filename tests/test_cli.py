@@ -225,14 +225,54 @@ def test_errors_of_the_model_file_are_located_but_never_quote_the_data(tmp_path)
 # -- demo -----------------------------------------------------------------------------------------
 
 
-def test_demo_ends_with_a_summary_a_privacy_statement_and_a_report(tmp_path):
-    run = dpppl("demo", "--smoke", "--coverage-simulations", "2", "--out-dir", tmp_path / "demo")
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """``dpppl demo --smoke`` with a two-data-set TARP check, and its folder."""
+    folder = tmp_path_factory.mktemp("demo")
+    return dpppl("demo", "--smoke", "--coverage-simulations", "2", "--out-dir", folder), folder
+
+
+def test_demo_ends_with_a_summary_a_privacy_statement_and_a_report(demo):
+    run, folder = demo
     assert run.returncode == 0, run.stderr
     assert "Posterior summary (ArviZ):" in run.stdout and "w[male]" in run.stdout
     assert "epsilon = 0.99" in run.stdout and "2000 records" in run.stdout
-    assert "a smoke-size check" in run.stdout and "TARP coverage RMSE" in run.stdout
-    result, report = tmp_path / "demo" / "result.nc", tmp_path / "demo" / "report.html"
+    assert "too small for a verdict" in run.stdout and "TARP coverage RMSE" in run.stdout
+    result, report = folder / "result.nc", folder / "report.html"
     assert run.stdout.rstrip().endswith(f"Result:  {result}\nReport:  {report}")
     page = report.read_text()
-    assert "SMOKE RUN" in page and "Coverage (TARP)" in page and "smoke-size" in page
-    assert "CC BY 4.0" in page
+    assert "SMOKE RUN" in page and "Coverage (TARP)" in page and "CC BY 4.0" in page
+
+
+def test_demo_compares_the_private_posteriors_with_a_non_private_one_kept_out_of_the_result(demo):
+    run, folder = demo
+    why = run.stdout.split("Why noise-aware:")[1].splitlines()
+    labels = ["naive (the result)", "naive (same release)", "NUTS (not private)"]
+    assert why[1].split() == " ".join(labels).split()
+    assert [line.split()[0] for line in why[2:7]] == [
+        "intercept", "w[age]", "w[education-num]", "w[hours-per-week]", "w[male]",
+    ]
+    assert "NOT private, shown only because the sample is public" in run.stdout
+    assert "naive (same release): its intervals hold the non-private mean for" in run.stdout
+    page = (folder / "report.html").read_text()
+    assert "Compared with other posteriors" in page and "NUTS (not private)" in page
+    from dpppl.report import read_result
+
+    assert set(read_result(folder / "result.nc").children) == {"posterior", "dpvi_trace", "tarp"}
+
+
+@pytest.mark.slow
+def test_the_full_demo_shows_the_point_in_about_a_minute_and_a_result_under_two_megabytes(
+    tmp_path,
+):
+    run = dpppl("demo", "--out-dir", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "result.nc").stat().st_size <= 2_000_000
+    lines = run.stdout.splitlines()
+    counts = {
+        line.split(":")[0].strip(): int(line.split(" for ")[1].split(" of ")[0])
+        for line in lines
+        if "hold the non-private mean" in line
+    }
+    # The noise-aware intervals hold the non-private means at least as often as the naive ones.
+    assert counts["noise-aware (the result)"] >= counts["naive (same release)"]
