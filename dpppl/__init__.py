@@ -25,6 +25,7 @@ from dpppl.errors import (
     PluginNotFoundError,
     PrivacyBudgetExceededError,
     PrivacyWarning,
+    PrivateDataError,
     UnsupportedEventError,
 )
 from dpppl.events import NeighbourRelation
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from dpppl.ledger import PrivacyLedger
     from dpppl.mechanism import Mechanism, PrivacyPlan, Release
     from dpppl.plugins import accountants, mechanisms
+    from dpppl.predictive import sample_posterior_predictive
     from dpppl.record_model import RecordModel, record_model
     from dpppl.results import privacy_statement
     from dpppl.sampling import sample
@@ -56,6 +58,7 @@ _LAZY = {
     "Release": "mechanism",
     "accountants": "plugins",
     "mechanisms": "plugins",
+    "sample_posterior_predictive": "predictive",
     "RecordModel": "record_model",
     "record_model": "record_model",
     "privacy_statement": "results",
@@ -108,6 +111,7 @@ __all__ = [
     "PrivacyLedger",
     "PrivacyPlan",
     "PrivacyWarning",
+    "PrivateDataError",
     "RecordModel",
     "Release",
     "UnsupportedEventError",
@@ -121,5 +125,6 @@ __all__ = [
     "privacy_statement",
     "record_model",
     "sample",
+    "sample_posterior_predictive",
     "tarp",
 ]

@@ -41,3 +41,7 @@ class PluginError(DPPPLError):
 
 class PrivacyWarning(UserWarning):
     """A setting is valid but weakens the guarantee (for example δ ≥ 1/N)."""
+
+
+class PrivateDataError(DPPPLError, ValueError):
+    """A request would put private data, or a per-record function of them, into an output."""
