@@ -23,10 +23,11 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 from pymc.sampling.forward import observed_dependent_deterministics
+from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.traversal import ancestors
 
 from dpppl.errors import PrivateDataError
-from dpppl.records import find_records
+from dpppl.records import find_records, pymc_model
 
 #: The groups of PyMC's answer that hold draws; the others hold data.
 DRAW_GROUPS = ("posterior_predictive", "predictions")
@@ -60,7 +61,7 @@ def sample_posterior_predictive(
     idata
         A result of :func:`dpppl.sample` (or one read back from netCDF).
     model
-        The PyMC model; taken from the ``with`` context when None.
+        The PyMC model (or ``bambi.Model``); taken from the ``with`` context when None.
     var_names
         The variables to draw; PyMC's default (the observed variables and the deterministics
         that depend on them) when None.
@@ -96,7 +97,7 @@ def sample_posterior_predictive(
             "constant data, to the private result; a result holds only what its guarantee "
             "covers. Keep the draws apart: draws = dpppl.sample_posterior_predictive(idata)"
         )
-    model = pm.modelcontext(model)
+    model = pymc_model(model)
     structure = find_records(model, records)
     outputs = _outputs(model, var_names, kwargs.get("sample_vars"))
     record_arrays = {v.variable: v.name for v in structure.variables}
@@ -107,6 +108,18 @@ def sample_posterior_predictive(
             if node in record_arrays
         }
     )
+    fixed = sorted(
+        v.name
+        for v in structure.variables
+        if v.name in reads and not isinstance(v.variable, SharedVariable)
+    )
+    if fixed and predictions and not use_private_covariates:
+        raise PrivateDataError(
+            f"{fixed} are arrays fixed in the model (numpy arrays, or Bambi's design matrix), "
+            "which pm.set_data cannot replace: they still hold the records' own values. Hold "
+            "covariates in pm.Data to predict at new ones (for Bambi, use its "
+            "predict(idata, data=new_public_frame, inplace=False))"
+        )
     if reads and not (predictions or use_private_covariates):
         raise PrivateDataError(
             f"{sorted(v.name for v in outputs)} would be drawn at the records' own data "
