@@ -163,6 +163,11 @@ def run_demo(
         Fixes every draw, for reproducibility only (the result states it).
     progressbar
         Show progress bars.
+
+    Returns
+    -------
+    DemoRun
+        The private result, the posteriors compared, and notes for the report.
     """
     import numpy as np
 
