@@ -49,3 +49,6 @@ class InexactReleaseError(DPPPLError, ArithmeticError):
 class PrivacyWarning(UserWarning):
     """A setting is valid but weakens the guarantee (for example δ ≥ 1/N)."""
 
+
+class PrivateDataError(DPPPLError, ValueError):
+    """A request would put private data, or a per-record function of them, into an output."""

@@ -20,12 +20,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-import xarray as xr
-
 from dpppl.events import NeighbourRelation, PrivacyEvent
 
 if TYPE_CHECKING:
+    # Annotations only: the plugin listing reads Mechanism subclasses without loading these.
+    import numpy as np
+    import xarray as xr
+
     from dpppl.accounting import Accountant
     from dpppl.progress import Progress
     from dpppl.record_model import RecordModel

@@ -15,6 +15,9 @@ The file runs with its own folder on ``sys.path``, so it may import modules besi
 
 Errors raised by the user's code are reported by type and place only: their messages can quote
 data values, which must not reach a terminal log.
+
+pandas and PyMC are imported where they are used: ``dpppl --help`` shows
+:data:`EXAMPLE_MODEL_FILE` and should not wait for them.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-
-import pandas as pd
-import pymc as pm
+from typing import TYPE_CHECKING
 
 from dpppl.errors import DPPPLError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pymc as pm
 
 #: The function a model file must define.
 BUILDER = "build_model"
@@ -97,6 +102,8 @@ def read_data_file(path: str | Path) -> pd.DataFrame:
         If the file does not exist or is not readable as CSV (the parser's message is withheld:
         it can quote the data).
     """
+    import pandas as pd
+
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"data file {path} not found")
@@ -117,6 +124,8 @@ def build_model_from_files(model_path: str | Path, data_path: str | Path) -> pm.
     ModelFileError
         If a file is missing or broken, ``build_model`` raises, or it returns no ``pm.Model``.
     """
+    import pymc as pm
+
     builder = load_model_file(model_path)
     data = read_data_file(data_path)
     try:

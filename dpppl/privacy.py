@@ -18,6 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
+# Imported for its setting: 64-bit JAX before any noise is drawn (``import dpppl`` is lazy and no
+# longer sets it).
+import dpppl.jax_compile  # noqa: F401
 from dpppl.errors import InexactReleaseError, InvalidPrivacyParameterError
 
 

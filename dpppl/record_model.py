@@ -39,7 +39,7 @@ from pytensor.tensor.random.type import RandomGeneratorType
 
 from dpppl.errors import InvalidDataError, ModelNotSupportedError
 from dpppl.jax_compile import jaxify
-from dpppl.records import RecordStructure, find_records
+from dpppl.records import RecordStructure, find_records, pymc_model
 
 Batch = Mapping[str, jax.Array]
 
@@ -699,7 +699,8 @@ def _model_signature(model: pm.Model, structure: RecordStructure) -> tuple:
 def record_model(
     model: pm.Model | None = None, records: str | None = None, *, hold_model: bool = True
 ) -> RecordModel:
-    """The compiled :class:`RecordModel` of ``model`` (or of the model in the ``with`` context).
+    """The compiled :class:`RecordModel` of ``model`` (or of the model in the ``with`` context, or
+    of a ``bambi.Model``: see :func:`dpppl.records.pymc_model`).
 
     The compilation is looked up by the model's structure (its graph, with the record arrays as
     inputs, and N), so a freshly built model of the same structure as one before it compiles
@@ -717,7 +718,7 @@ def record_model(
         mechanism caches is shared by every model of the structure and may keep the
         ``RecordModel`` it was given, which must then not keep a data set alive.
     """
-    model = pm.modelcontext(model)
+    model = pymc_model(model)
     # Checked on every call: pm.set_data may have changed the data (and N) since the last one.
     structure = find_records(model, records)
     entry = _MODELS.setdefault(model, {})

@@ -210,6 +210,36 @@ def _check_finite(name: str, value: np.ndarray) -> None:
         )
 
 
+def pymc_model(model: object | None = None) -> pm.Model:
+    """The PyMC model to privatise: ``model``, the one of the ``with`` context, or the one a Bambi
+    model builds (``bambi.Model``, built here if it is not yet).
+
+    Raises
+    ------
+    ModelNotSupportedError
+        For a Bambi model with ``auto_scale=True`` (Bambi's default): it sets priors from the
+        means and standard deviations of the data, a use of the private data that no guarantee
+        covers.
+    TypeError
+        For anything else.
+    """
+    if model is None or isinstance(model, pm.Model):
+        return pm.modelcontext(model)
+    # Recognised by its package rather than imported: Bambi is optional and slow to import.
+    if type(model).__module__.split(".")[0] == "bambi" and hasattr(model, "backend"):
+        if model.auto_scale:
+            raise ModelNotSupportedError(
+                "this Bambi model has auto_scale=True, Bambi's default, which sets the priors "
+                "from the means and standard deviations of the data: no privacy guarantee covers "
+                "that. Build it with bambi.Model(..., auto_scale=False, priors={...}) and priors "
+                "chosen without looking at the data"
+            )
+        if not model.built:
+            model.build()
+        return model.backend.model
+    raise TypeError(f"model must be a pymc.Model or a bambi.Model, got {type(model).__name__}")
+
+
 def find_records(model: pm.Model, records: str | None = None) -> RecordStructure:
     """Find the record dimension, the per-record arrays and the likelihood terms of ``model``.
 

@@ -54,7 +54,9 @@ def constrained_draws(model: RecordModel, draws: np.ndarray) -> dict[str, np.nda
     }
 
 
-def _posterior(model: RecordModel, draws: np.ndarray) -> xr.DataTree:
+def posterior_tree(model: RecordModel, draws: np.ndarray) -> xr.DataTree:
+    """A ``DataTree`` whose ``posterior`` holds unconstrained draws (chain, draw, n) as the
+    model's named, constrained, dimensioned variables."""
     pm_model = model.model
     values = constrained_draws(model, draws)
     dims = {
@@ -130,7 +132,7 @@ def build_result(model: RecordModel, release: Release, attrs: dict[str, Any]) ->
             f"the mechanism tried to release group(s) {sorted(forbidden)}, which hold private "
             "data; a mechanism may release only what its guarantee covers"
         )
-    tree = _posterior(model, release.draws)
+    tree = posterior_tree(model, release.draws)
     for name, dataset in release.groups.items():
         if name == "posterior":
             raise PluginError("a mechanism's extra groups cannot be named 'posterior'")

@@ -123,7 +123,8 @@ def sample(
     Parameters
     ----------
     model
-        The PyMC model; taken from the ``with`` context when None.
+        The PyMC model, or a ``bambi.Model`` built with ``auto_scale=False``; taken from the
+        ``with`` context when None.
     mechanism
         Name of an installed mechanism plugin (``dpppl plugins`` lists them), e.g. ``"na-dpvi"``.
     epsilon, delta

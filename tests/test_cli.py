@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -88,6 +89,35 @@ def test_plugins_lists_mechanisms_and_accountants_with_their_distributions():
     assert any(line.split()[:3] == ["na-dpvi", "dpppl-na-dpvi", "0.1.0"] for line in lines)
     assert any(line.split()[:2] == ["pld", "dpppl-dp-accounting"] for line in lines)
     assert any(line.split()[:2] == ["prv", "dpppl-prv"] for line in lines)
+    assert any(line.strip().startswith("options: steps=10000, sampling_rate=0.1,") for line in lines)
+
+
+def test_plugins_answers_from_the_stored_listing_without_loading_pymc_or_jax(tmp_path):
+    """The listing is kept in the user cache, so only the first ``dpppl plugins`` after a
+    plugin changes waits for the plugins to load."""
+    probe = (
+        "import json, sys, contextlib, io\n"
+        "import dpppl.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    code = dpppl.cli.main(['plugins', '--json'])\n"
+        "print(json.dumps({'code': code, 'listing': json.loads(out.getvalue()),\n"
+        "                  'heavy': [m for m in ('pymc', 'jax', 'pytensor', 'arviz') if m in sys.modules]}))\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", probe], env=env, check=True, capture_output=True,
+                text=True, timeout=120,
+            ).stdout
+        )
+        for _ in range(2)
+    ]
+    assert runs[0]["code"] == runs[1]["code"] == 0
+    assert runs[1]["listing"] == runs[0]["listing"]
+    assert "jax" in runs[0]["heavy"] and runs[1]["heavy"] == []
+    na_dpvi = next(row for row in runs[1]["listing"]["mechanisms"] if row["name"] == "na-dpvi")
+    assert na_dpvi["distribution"] == "dpppl-na-dpvi" and na_dpvi["options"]["steps"] == 10000
 
 
 def test_accountant_finds_sigma_for_a_target_and_epsilon_for_that_sigma():
@@ -195,14 +225,54 @@ def test_errors_of_the_model_file_are_located_but_never_quote_the_data(tmp_path)
 # -- demo -----------------------------------------------------------------------------------------
 
 
-def test_demo_ends_with_a_summary_a_privacy_statement_and_a_report(tmp_path):
-    run = dpppl("demo", "--smoke", "--coverage-simulations", "2", "--out-dir", tmp_path / "demo")
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """``dpppl demo --smoke`` with a two-data-set TARP check, and its folder."""
+    folder = tmp_path_factory.mktemp("demo")
+    return dpppl("demo", "--smoke", "--coverage-simulations", "2", "--out-dir", folder), folder
+
+
+def test_demo_ends_with_a_summary_a_privacy_statement_and_a_report(demo):
+    run, folder = demo
     assert run.returncode == 0, run.stderr
     assert "Posterior summary (ArviZ):" in run.stdout and "w[male]" in run.stdout
     assert "epsilon = 0.99" in run.stdout and "2000 records" in run.stdout
-    assert "a smoke-size check" in run.stdout and "TARP coverage RMSE" in run.stdout
-    result, report = tmp_path / "demo" / "result.nc", tmp_path / "demo" / "report.html"
+    assert "too small for a verdict" in run.stdout and "TARP coverage RMSE" in run.stdout
+    result, report = folder / "result.nc", folder / "report.html"
     assert run.stdout.rstrip().endswith(f"Result:  {result}\nReport:  {report}")
     page = report.read_text()
-    assert "SMOKE RUN" in page and "Coverage (TARP)" in page and "smoke-size" in page
-    assert "CC BY 4.0" in page
+    assert "SMOKE RUN" in page and "Coverage (TARP)" in page and "CC BY 4.0" in page
+
+
+def test_demo_compares_the_private_posteriors_with_a_non_private_one_kept_out_of_the_result(demo):
+    run, folder = demo
+    why = run.stdout.split("Why noise-aware:")[1].splitlines()
+    labels = ["naive (the result)", "naive (same release)", "NUTS (not private)"]
+    assert why[1].split() == " ".join(labels).split()
+    assert [line.split()[0] for line in why[2:7]] == [
+        "intercept", "w[age]", "w[education-num]", "w[hours-per-week]", "w[male]",
+    ]
+    assert "NOT private, shown only because the sample is public" in run.stdout
+    assert "naive (same release): its intervals hold the non-private mean for" in run.stdout
+    page = (folder / "report.html").read_text()
+    assert "Compared with other posteriors" in page and "NUTS (not private)" in page
+    from dpppl.report import read_result
+
+    assert set(read_result(folder / "result.nc").children) == {"posterior", "dpvi_trace", "tarp"}
+
+
+@pytest.mark.slow
+def test_the_full_demo_shows_the_point_in_about_a_minute_and_a_result_under_two_megabytes(
+    tmp_path,
+):
+    run = dpppl("demo", "--out-dir", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "result.nc").stat().st_size <= 2_000_000
+    lines = run.stdout.splitlines()
+    counts = {
+        line.split(":")[0].strip(): int(line.split(" for ")[1].split(" of ")[0])
+        for line in lines
+        if "hold the non-private mean" in line
+    }
+    # The noise-aware intervals hold the non-private means at least as often as the naive ones.
+    assert counts["noise-aware (the result)"] >= counts["naive (same release)"]

@@ -337,7 +337,8 @@ def test_the_persistent_compilation_cache_holds_no_record_value(tmp_path, mechan
 def test_the_compilation_cache_search_finds_a_constant_baked_into_a_program(tmp_path):
     """The search above is not blind: a function that closes over the data does leak into it."""
     script = (
-        "import jax, jax.numpy as jnp, dpppl\n"
+        # dpppl.jax_compile turns on 64-bit JAX and the persistent cache (``import dpppl`` is lazy).
+        "import jax, jax.numpy as jnp, dpppl.jax_compile\n"
         f"data = jnp.array([{FLOAT_SENTINEL!r}, 1.0, 2.0, 3.0])\n"
         "jax.jit(lambda t: jnp.sum(data * t))(2.0).block_until_ready()\n"
     )

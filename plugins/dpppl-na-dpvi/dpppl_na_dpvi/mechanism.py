@@ -398,14 +398,24 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
     labels = _vi_labels(model)
     chains, draws = post.phi_star.shape[:2]
     coords = {"chain": np.arange(chains), "draw": np.arange(draws), "vi_param": labels}
+    variables = {
+        "phi_star": (("chain", "draw", "vi_param"), post.phi_star),
+        "A_diagonal": (("chain", "draw", "vi_param"), post.curvature_diagonal),
+    }
+    if post.mu_correlation.shape[-1]:
+        names = model.parameters.labels()
+        rows, cols = np.tril_indices(len(names), -1)
+        coords["mu_pair"] = [f"{names[i]}, {names[j]}" for i, j in zip(rows, cols, strict=True)]
+        variables["A_mu_correlation"] = (("chain", "draw", "mu_pair"), post.mu_correlation)
     posterior = xr.Dataset(
-        {
-            "phi_star": (("chain", "draw", "vi_param"), post.phi_star),
-            "A": (("chain", "draw", "vi_param", "vi_param_bis"), post.a),
+        variables,
+        coords=coords,
+        attrs={
+            "description": "posterior of the post-processing model: optimum phi*, and the "
+            "curvature A of the variational objective by its diagonal and, when A is full, the "
+            "correlations of its mu-block; dpppl_na_dpvi.postprocess.curvature_matrices("
+            "A_diagonal, A_mu_correlation) rebuilds the matrices"
         },
-        coords={**coords, "vi_param_bis": labels},
-        attrs={"description": "posterior of the post-processing model: optimum phi* and "
-               "diagonal curvature A of the variational objective"},
     )
     groups = {"postprocessing_posterior": posterior}
     if post.sample_stats:

@@ -96,9 +96,10 @@ def test_the_result_holds_the_trace_and_the_post_processing_posterior(model):
     }
     trace = result["dpvi_trace"]
     assert trace["phi"].shape == (301, 2) and trace["noisy_grad"].shape == (300, 2)
-    curvature = result["postprocessing_posterior"]["A"].values
-    assert curvature.shape == (2, 100, 2, 2)
-    assert (np.diagonal(curvature, axis1=2, axis2=3) > 0).all()
+    # One parameter: a diagonal A, stored by its diagonal alone.
+    post = result["postprocessing_posterior"]
+    assert set(post.data_vars) == {"phi_star", "A_diagonal"}
+    assert post["A_diagonal"].shape == (2, 100, 2) and (post["A_diagonal"] > 0).all()
     p = result.posterior["p"].values
     assert p.shape == (2, 100) and ((p > 0) & (p < 1)).all()
 

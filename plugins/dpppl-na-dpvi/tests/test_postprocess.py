@@ -187,3 +187,23 @@ def test_the_correlation_factor_is_a_valid_cholesky_of_a_correlation_matrix():
     corr = np.asarray(chol @ chol.T)
     np.testing.assert_allclose(np.diag(corr), 1.0)
     assert np.all(np.linalg.eigvalsh(corr) > 0)
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["full", "diagonal"])
+def test_the_stored_diagonal_and_correlations_rebuild_every_curvature_matrix(full):
+    """Draws keep A by its diagonal and the correlations of its μ-block, not d × d numbers each."""
+    from dpppl_na_dpvi.postprocess import _to_draws, curvature, curvature_matrices, n_correlations
+
+    rng = np.random.default_rng(7)
+    d = 6
+    stats = TraceStatistics.from_trace(
+        rng.normal(size=(201, d)), rng.normal(size=(200, d)), burn_in=0, noise_std=np.ones(d),
+        rate=KAPPA, subsampling_scale=np.zeros(d),
+    )
+    size = 2 * d + n_correlations(stats, full)
+    positions = rng.normal(size=(2, 5, size))
+    draws = _to_draws(jnp.asarray(positions), stats, ModelStructure(full_curvature=full), {})
+    expected = np.stack([curvature(p, stats, full) for p in positions.reshape(-1, size)])
+    rebuilt = curvature_matrices(draws.curvature_diagonal, draws.mu_correlation)
+    np.testing.assert_allclose(rebuilt, expected.reshape(2, 5, d, d), rtol=1e-12, atol=1e-12)
+    assert draws.mu_correlation.shape == (2, 5, 3 if full else 0)
