@@ -50,6 +50,16 @@ def check_epsilon_delta(epsilon: float, delta: float) -> tuple[float, float]:
     return epsilon, delta
 
 
+def total_variation_delta(epsilon: float, variation: float) -> float:
+    """The δ that a total-variation distance costs at ε.
+
+    A mechanism within total variation η of an (ε, δ')-DP one is (ε, δ' + (1 + e^ε)·η)-DP: batches
+    truncated to a fixed shape, or discrete noise standing in for continuous noise, are charged
+    this way.
+    """
+    return (1 + math.exp(epsilon)) * variation
+
+
 class Accountant(ABC):
     """Interface of a privacy accountant plugin.
 

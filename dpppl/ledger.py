@@ -28,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dpppl.accounting import Accountant, check_epsilon_delta
+from dpppl.accounting import Accountant, check_epsilon_delta, total_variation_delta
 from dpppl.errors import (
     InvalidPrivacyParameterError,
     PrivacyBudgetExceededError,
@@ -280,7 +280,7 @@ class PrivacyLedger:
         composed = ComposedEvent(tuple(events))
 
         def at(epsilon: float) -> float:
-            remaining = self.delta - math.exp(_log1p_exp(epsilon)) * variation
+            remaining = self.delta - total_variation_delta(epsilon, variation)
             if remaining <= 0:
                 raise PrivacyBudgetExceededError(
                     f"the fits spend delta={self.delta - remaining:.4g} outside their declared "
@@ -371,12 +371,7 @@ _FIXED_POINT_RTOL = 1e-6
 def _variation(epsilon: float, extra_delta: float) -> float:
     """The total variation η behind a fit's ``extra_delta``, which it reported as (1 + e^ε)·η at
     its own ε (see :attr:`dpppl.mechanism.PrivacyPlan.extra_delta`)."""
-    return extra_delta / math.exp(_log1p_exp(epsilon)) if extra_delta else 0.0
-
-
-def _log1p_exp(x: float) -> float:
-    """log(1 + e^x) without overflow."""
-    return x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
+    return extra_delta / total_variation_delta(epsilon, 1.0) if extra_delta else 0.0
 
 
 # -- storage --------------------------------------------------------------------------------------

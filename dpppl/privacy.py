@@ -21,6 +21,7 @@ from scipy import stats
 # Imported for its setting: 64-bit JAX before any noise is drawn (``import dpppl`` is lazy and no
 # longer sets it).
 import dpppl.jax_compile  # noqa: F401
+from dpppl.accounting import total_variation_delta
 from dpppl.errors import InexactReleaseError, InvalidPrivacyParameterError
 
 
@@ -61,9 +62,7 @@ class PoissonSampler:
         delta_share: float = 1e-4,
     ) -> PoissonSampler:
         """A sampler whose truncation costs at most ``delta_share * delta`` over ``steps`` steps."""
-        log_budget = (
-            math.log(delta_share * delta) - _log1p_exp(epsilon) - math.log(steps)
-        )
+        log_budget = math.log(delta_share * delta) - math.log(total_variation_delta(epsilon, steps))
         capacity = _binomial_tail_quantile(log_budget, n_records, rate)
         overflow = float(stats.binom.sf(capacity, n_records, rate))
         return cls(n_records, rate, capacity, overflow)
@@ -75,16 +74,11 @@ class PoissonSampler:
 
     def delta_cost(self, steps: int, epsilon: float) -> float:
         """Extra δ from truncating overflowing batches in ``steps`` steps at privacy level ε."""
-        return (1 + math.exp(epsilon)) * steps * self.overflow_probability
+        return total_variation_delta(epsilon, steps * self.overflow_probability)
 
     def sample(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Indices (capacity,) of the records in one batch, and a mask of which slots are used."""
         return poisson_batch(key, self.n_records, self.rate, self.capacity)
-
-
-def _log1p_exp(x: float) -> float:
-    """log(1 + eˣ) without overflow for large ε."""
-    return x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
 
 
 def _binomial_tail_quantile(log_tail: float, n: int, p: float) -> int:
@@ -477,7 +471,7 @@ class SnappedGaussian:
         snapped release (their scale is at least ``MIN_SCALE``):
         (1 + e^ε) · steps · dim · (η(MIN_SCALE) + SAMPLER_TV)."""
         per_draw = discrete_gaussian_tv_bound(MIN_SCALE) + SAMPLER_TV
-        return (1 + math.exp(epsilon)) * steps * dim * per_draw
+        return total_variation_delta(epsilon, steps * dim * per_draw)
 
 
 def snapped_gaussian_release(

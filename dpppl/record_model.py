@@ -333,7 +333,7 @@ class RecordModel:
         )
         metadata = (
             parameters, records, term_names, constrained_names, _digest(initial_theta),
-            structure.dim, len(terms), 1,
+            structure.dim,
         )
         key = structure_key(inputs, [*terms, logprior, *constrained], metadata)
 
@@ -381,6 +381,8 @@ class RecordModel:
     def with_n_records(self, n_records: int) -> RecordModel:
         """This model as mechanisms see a data set of ``n_records`` records: the same compiled
         structure, with the artefacts mechanisms cache for that N."""
+        if n_records == self.n_records:
+            return self
         view = copy.copy(self)
         view._structures = weakref.WeakKeyDictionary(
             {self.model: dataclasses.replace(self.structure, n_records=int(n_records))}

@@ -248,7 +248,7 @@ def tarp(
     source, n, kind = _resolve_covariates(
         compiled, sim, covariates, n_records, use_private_covariates, seeds[0]
     )
-    simulated = _records_view(compiled, n)
+    simulated = compiled.with_n_records(n)
     plan, _ = plan_fit(
         mechanism_obj, simulated, epsilon=epsilon, delta=delta, accountant=accountant
     )
@@ -353,18 +353,6 @@ def _require_covariate_free(sim: Simulator) -> None:
             "rng -> dict that simulates them; or, for a diagnostic you will not release, opt in "
             "with use_private_covariates=True"
         )
-
-
-def _records_view(model: RecordModel, n_records: int) -> RecordModel:
-    """``model`` as mechanisms see a data set of ``n_records`` records.
-
-    Mechanisms read N from ``model.n_records`` (to plan the noise, set step sizes, scale
-    priors), so a data set of another size needs a view that reports its N.  The view shares
-    the compiled structure, and with it what mechanisms compiled for that N.
-    """
-    if n_records == model.n_records:
-        return model
-    return model.with_n_records(n_records)
 
 
 def add_tarp(
@@ -672,7 +660,7 @@ def _run_remote(model_bytes: bytes, study_bytes: bytes, seeds: list) -> _Chunk:
     compiled = RecordModel(model, structure)
     mechanism_class, options, plan, source, n, n_draws = cloudpickle.loads(study_bytes)
     replicates = _Replicates(
-        _records_view(compiled, n),
+        compiled.with_n_records(n),
         simulator(compiled),
         mechanism_class(**options),
         plan,
