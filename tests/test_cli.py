@@ -262,11 +262,6 @@ def test_demo_compares_the_private_posteriors_with_a_non_private_one_kept_out_of
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="2.6 MB since the snapped release added dpvi_trace.noisy_sum beside noisy_grad; "
-    "open in issue 20 (release noisy_sum and the per-chunk preconditioner instead)",
-)
 def test_the_full_demo_shows_the_point_in_about_a_minute_and_a_result_under_two_megabytes(
     tmp_path,
 ):

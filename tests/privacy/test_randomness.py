@@ -49,7 +49,7 @@ def fit(model, **kwargs):
 
 
 def released(result) -> np.ndarray:
-    return result["dpvi_trace"]["noisy_grad"].values
+    return result["dpvi_trace"]["noisy_sum"].values
 
 
 class TestSeeds:
@@ -272,11 +272,13 @@ class TestHardenedNADPVI:
         steps = trace["noisy_sum"].values / grid
         np.testing.assert_array_equal(steps, np.round(steps))
         assert np.abs(steps).max() < 2.0**50
-        # The released gradients are those sums divided by the public preconditioner β (fixed
-        # from the start here: no burn-in).
+        # The preconditioner β beside them is public: fixed from the start here (no burn-in), it
+        # is the one the mechanism's settings name, at every step.
         settings = json.loads(result.attrs["dp_mechanism_attrs"])
         beta = np.array(settings["preconditioning_mu"] + [settings["preconditioning_u"]])
-        np.testing.assert_array_equal(trace["noisy_grad"].values, trace["noisy_sum"].values / beta)
+        np.testing.assert_array_equal(
+            trace["preconditioner"].values, np.broadcast_to(beta, trace["noisy_sum"].shape)
+        )
         assert json.loads(result.attrs["dp_mechanism_settings"])["noise"] == "snapped"
 
     def test_the_float_release_is_still_available_and_labelled(self, model):

@@ -47,11 +47,16 @@ class DPSGDSettings(NamedTuple):
 @dataclass(frozen=True)
 class Trace:
     """The released trace: φ_0..φ_T, the noisy sums s̃_1..s̃_T of preconditioned clipped
-    gradients and the noisy gradients g̃_t = s̃_t / β."""
+    gradients, and the preconditioner β_t each step used (public: chosen from earlier iterates)."""
 
     phi: np.ndarray  # (T + 1, d)
-    noisy_grad: np.ndarray  # (T, d)
     noisy_sum: np.ndarray  # (T, d)
+    preconditioner: np.ndarray  # (T, d)
+
+    @property
+    def noisy_grad(self) -> np.ndarray:
+        """The noisy gradients g̃_t = s̃_t / β_t the SGD steps took."""
+        return self.noisy_sum / self.preconditioner
 
 
 class StepOutput(NamedTuple):
@@ -177,6 +182,7 @@ def run_dpsgd(
     keys = jax.random.split(key, len(burn_in) + len(final))
     settings = schedule.settings(np.asarray(phi)[None], progress=0.0 if burn_in else 1.0)
     outputs = []
+    preconditioners = []
     with progress.task("DP-SGD", total=steps) as bar:
         for i, length in enumerate(burn_in + final):
             run = model.cached(
@@ -186,6 +192,7 @@ def run_dpsgd(
             phi, out = run(phi, keys[i], device_data, settings, grid if snapped else 0.0)
             require_exact(out.exact)
             outputs.append(out)
+            preconditioners.append(np.broadcast_to(settings.preconditioner, out.noisy_sum.shape))
             bar.advance(length)
             if i < len(burn_in):
                 settings = schedule.settings(
@@ -196,7 +203,7 @@ def run_dpsgd(
                 phi = jnp.asarray(schedule.restart(np.asarray(burn_in_phi)))
     trace = Trace(
         phi=np.asarray(jnp.concatenate([o.phi for o in outputs] + [phi[None]])),
-        noisy_grad=np.asarray(jnp.concatenate([o.noisy_grad for o in outputs])),
         noisy_sum=np.asarray(jnp.concatenate([o.noisy_sum for o in outputs])),
+        preconditioner=np.concatenate(preconditioners),
     )
     return trace, settings

@@ -377,8 +377,8 @@ def _trace_dataset(model: RecordModel, trace: Trace) -> xr.Dataset:
     return xr.Dataset(
         {
             "phi": (("step", "vi_param"), trace.phi),
-            "noisy_grad": (("iteration", "vi_param"), trace.noisy_grad),
             "noisy_sum": (("iteration", "vi_param"), trace.noisy_sum),
+            "preconditioner": (("iteration", "vi_param"), trace.preconditioner),
         },
         coords={
             "step": np.arange(trace.phi.shape[0]),
@@ -388,8 +388,9 @@ def _trace_dataset(model: RecordModel, trace: Trace) -> xr.Dataset:
         attrs={
             "description": "DP-SGD release: noisy sums s_t (t = 1..T) of the clipped, "
             "preconditioned per-record gradients of the variational objective (exactly on the "
-            "plan's grid with noise='snapped'), noisy gradients g_t = s_t / beta and parameters "
-            "phi_t (t = 0..T); phi = (mu, u), variances softplus(u)",
+            "plan's grid with noise='snapped'), the public preconditioner beta_t of each step "
+            "(the noisy gradients are s_t / beta_t), and parameters phi_t (t = 0..T); "
+            "phi = (mu, u), variances softplus(u)",
         },
     )
 

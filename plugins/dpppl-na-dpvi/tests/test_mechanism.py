@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import jax.monitoring
@@ -95,7 +96,12 @@ def test_the_result_holds_the_trace_and_the_post_processing_posterior(model):
         "posterior", "dpvi_trace", "postprocessing_posterior", "postprocessing_sample_stats"
     }
     trace = result["dpvi_trace"]
-    assert trace["phi"].shape == (301, 2) and trace["noisy_grad"].shape == (300, 2)
+    assert trace["phi"].shape == (301, 2) and trace["noisy_sum"].shape == (300, 2)
+    # The noisy gradients are the sums over the public preconditioner, which the burn-in may
+    # change and which stays fixed after it, so the post-processing model sees one noise level.
+    beta = trace["preconditioner"].values
+    fixed = beta[json.loads(result.attrs["dp_mechanism_attrs"])["burn_in_steps"]:]
+    assert beta.shape == (300, 2) and (beta > 0).all() and len(fixed) and (fixed == fixed[0]).all()
     # One parameter: a diagonal A, stored by its diagonal alone.
     post = result["postprocessing_posterior"]
     assert set(post.data_vars) == {"phi_star", "A_diagonal"}
