@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import functools
 import hashlib
+import math
 import operator
 import os
 import weakref
@@ -39,6 +40,7 @@ from pytensor.tensor.random.type import RandomGeneratorType
 
 from dpppl.errors import InvalidDataError, ModelNotSupportedError
 from dpppl.jax_compile import jaxify
+from dpppl.record_locality import is_record_local
 from dpppl.records import RecordStructure, find_records, pymc_model
 
 Batch = Mapping[str, jax.Array]
@@ -667,19 +669,47 @@ def _probe_record_axis(compiled: CompiledRecordModel, n_records: int) -> None:
             )
 
 
+#: Largest number of parameters (leaves' total size) for which per-record gradients are taken in
+#: forward mode over the whole batch.  Against ``vmap`` of reverse mode per record, at a batch
+#: of 600 records and 10 Monte Carlo draws of the NA-DPVI ELBO: 8× faster with 2 parameters
+#: (Beta–Bernoulli), 15× with 6 and 1.5× with 24 (linear regressions); 0.55× with 64.
+FORWARD_MODE_MAX_PARAMS = 32
+
+
 def per_example_grad(fn: Callable[..., jax.Array], n_args: int = 0) -> Callable[..., jax.Array]:
-    """Per-record gradients of a per-record term, by ``vmap`` over records.
+    """Per-record gradients of a per-record term.
 
     ``fn(params, batch, *args)`` must return one value per record, shape (B,).  The returned
     function ``g(params, batch, *args)`` gives d fn_i / d params for every record i, with a leading
     batch axis on every leaf of ``params``.  ``n_args`` is the number of extra arguments, which
     are shared by all records.
+
+    Row i must depend on record i alone, or clipping would not bound a record's influence.
+    ``vmap`` of the gradient of one record at a time guarantees that by construction.  With few
+    parameters (at most :data:`FORWARD_MODE_MAX_PARAMS`), forward mode over the whole batch is
+    several times faster; it is used only when :func:`dpppl.record_locality.is_record_local`
+    proves, on the jaxpr of that exact computation, that no row reads another record.  The choice
+    is made when ``g`` is traced, for the shapes it is traced at.
     """
 
     def single(params, record, *args):
         return fn(params, {k: jnp.expand_dims(v, 0) for k, v in record.items()}, *args)[0]
 
-    return jax.vmap(jax.grad(single), in_axes=(None, 0, *([None] * n_args)))
+    by_record = jax.vmap(jax.grad(single), in_axes=(None, 0, *([None] * n_args)))
+    by_batch = jax.jacfwd(fn)
+
+    def grads(params, batch, *args):
+        size = sum(math.prod(jnp.shape(leaf)) for leaf in jax.tree.leaves(params))
+        if size <= FORWARD_MODE_MAX_PARAMS:
+            shapes = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
+                (params, batch, *args),
+            )
+            if is_record_local(by_batch, shapes, [False, True, *([False] * n_args)]):
+                return by_batch(params, batch, *args)
+        return by_record(params, batch, *args)
+
+    return grads
 
 
 _MODELS: weakref.WeakKeyDictionary[pm.Model, dict] = weakref.WeakKeyDictionary()
