@@ -55,6 +55,7 @@ def split(items: Sequence, n_chunks: int) -> list[list]:
 def map_chunks(
     items: Sequence,
     *,
+    batch: int = 1,
     local: Callable[[list], Result],
     remote: Callable[[list], Result],
     client: Any = None,
@@ -68,6 +69,11 @@ def map_chunks(
     ----------
     items
         The replicates (for example their seeds); the bar counts them.
+    batch
+        How many replicates the computation runs at once (a vectorised fit's batch).  Above 1,
+        every executor cuts the same chunks, consecutive groups of this size, so that numbers
+        which depend on how replicates are grouped (a vectorised random stream) do not depend
+        on where the study runs.
     local
         The function to run in this process (``n_workers=1``): it may hold compiled objects.
     remote
@@ -94,7 +100,10 @@ def map_chunks(
     else:
         workers = default_workers() if n_workers is None else int(n_workers)
     in_process = client is None and workers == 1
-    chunks = split(items, len(items) if in_process else workers * CHUNKS_PER_WORKER)
+    if batch > 1:
+        chunks = [list(items[i : i + batch]) for i in range(0, len(items), batch)]
+    else:
+        chunks = split(items, len(items) if in_process else workers * CHUNKS_PER_WORKER)
     with Progress(progressbar).task(description, total=len(items)) as bar:
         if in_process:
             results = []

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -94,12 +95,17 @@ class Release:
     privacy
         Corrections to the plan known only after the fit (for example the achieved ε of a
         mechanism whose guarantee depends on the data), with the same keys as :class:`PrivacyPlan`.
+    warnings
+        What the user should know about the quality of this fit (for example divergent
+        transitions of a post-processing sampler), one message each.  ``dpppl.sample`` shows
+        them as warnings; a replicate study counts the fits that have any.
     """
 
     draws: np.ndarray
     groups: dict[str, xr.Dataset] = field(default_factory=dict)
     attrs: dict[str, Any] = field(default_factory=dict)
     privacy: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 class Mechanism(ABC):
@@ -213,3 +219,35 @@ class Mechanism(ABC):
         progress
             Report long loops through ``progress.task(description, total)``.
         """
+
+    def replicate_batch_size(self, model: RecordModel, plan: PrivacyPlan) -> int:
+        """How many replicates :meth:`fit_replicates` should be given at once (1: no gain from
+        more).  A vectorised mechanism sizes its batches to memory here."""
+        return 1
+
+    def fit_replicates(
+        self,
+        model: RecordModel,
+        datasets: Sequence[Mapping[str, np.ndarray]],
+        plan: PrivacyPlan,
+        *,
+        seeds: Sequence[np.random.SeedSequence],
+        progress: Progress,
+    ) -> list[Release]:
+        """Fit independent replicates of a simulation study, one release per data set.
+
+        Each replicate must be distributed exactly as ``fit(model, data, plan, seed=seed)``: the
+        same algorithm, plan and settings rules, with independent randomness (its random stream
+        may differ from a single fit's).  Replicate studies (:func:`dpppl.tarp`) call this on
+        simulated data only.  This default runs :meth:`fit` once per data set and keeps each
+        fit's warnings in its :attr:`Release.warnings`; override it to run the replicates as
+        one vectorised program.
+        """
+        releases = []
+        for data, seed in zip(datasets, seeds, strict=True):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                release = self.fit(model, data, plan, seed=seed, progress=progress)
+            release.warnings.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+            releases.append(release)
+        return releases

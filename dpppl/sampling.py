@@ -192,6 +192,8 @@ def sample(
         seeded=seeded,
         providers=providers,
     )
+    for message in release.warnings:
+        warnings.warn(message, UserWarning, stacklevel=2)
     result = build_result(compiled, release, attrs)
     if tarp_options is not None:
         from dpppl.tarp_study import add_tarp

@@ -55,10 +55,11 @@ from dpppl.errors import InvalidDataError, InvalidPrivacyParameterError, Privacy
 from dpppl.executors import check_executor, map_chunks
 from dpppl.mechanism import Mechanism, PrivacyPlan
 from dpppl.plugins import get_mechanism
+from dpppl.progress import Progress
 from dpppl.record_model import RecordModel, record_model
 from dpppl.records import without_records
 from dpppl.results import _version
-from dpppl.sampling import plan_fit, run_mechanism
+from dpppl.sampling import plan_fit
 from dpppl.simulation import Simulator, simulator
 
 Covariates = Mapping[str, ArrayLike] | Callable[[np.random.Generator], Mapping[str, ArrayLike]]
@@ -105,39 +106,38 @@ class _Replicates:
     covariates: Covariates | None
     n_records: int
     n_draws: int | None
+    batch_size: int
 
     def run(self, seeds: list[np.random.SeedSequence]) -> _Chunk:
-        """θ_k, posterior draws and fit warnings for a chunk of replicates."""
-        replicates = [self._one(seed) for seed in seeds]
-        return _Chunk(
-            truth=np.stack([r[0] for r in replicates]),
-            samples=np.stack([r[1] for r in replicates]),
-            warnings=[r[2] for r in replicates],
-        )
-
-    def _one(self, seed: np.random.SeedSequence) -> tuple[np.ndarray, np.ndarray, list[str]]:
-        seeds = _ReplicateSeeds(*_children(seed, 4))
-        truth = self.simulator.prior(seeds.prior)
-        data = self.simulator.data(
-            truth.theta,
-            seeds.data,
-            covariates=_covariates_for(self.covariates, seeds.covariates),
-            n_records=self.n_records,
-        )
-        # A mechanism's warnings (e.g. divergent transitions) are counted and reported once for
-        # the study rather than repeated for every replicate.
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            release, _ = run_mechanism(
-                self.mechanism,
+        """θ_k, posterior draws and fit warnings for a chunk of replicates, fitted
+        ``batch_size`` at a time by the mechanism's :meth:`~dpppl.Mechanism.fit_replicates`."""
+        truth, samples, messages = [], [], []
+        for start in range(0, len(seeds), self.batch_size):
+            batch = seeds[start : start + self.batch_size]
+            replicates = [_ReplicateSeeds(*_children(s, 4)) for s in batch]
+            thetas = [self.simulator.prior(r.prior).theta for r in replicates]
+            datasets = [
+                self.simulator.data(
+                    theta,
+                    r.data,
+                    covariates=_covariates_for(self.covariates, r.covariates),
+                    n_records=self.n_records,
+                )
+                for theta, r in zip(thetas, replicates, strict=True)
+            ]
+            releases = self.mechanism.fit_replicates(
                 self.model,
-                data,
+                datasets,
                 self.plan,
-                random_seed=seeds.fit.generate_state(8),
-                progressbar=False,
+                seeds=[np.random.SeedSequence(r.fit.generate_state(8)) for r in replicates],
+                progress=Progress(False),
             )
-        messages = [f"{w.category.__name__}: {w.message}" for w in caught]
-        return truth.theta, _thin(release.draws, self.n_draws), messages
+            truth += thetas
+            samples += [_thin(release.draws, self.n_draws) for release in releases]
+            # A mechanism's warnings (e.g. divergent transitions) are counted and reported once
+            # for the study rather than repeated for every replicate.
+            messages += [release.warnings for release in releases]
+        return _Chunk(truth=np.stack(truth), samples=np.stack(samples), warnings=messages)
 
 
 def tarp(
@@ -160,6 +160,7 @@ def tarp(
     metric: str = "euclidean",
     client: Any = None,
     n_workers: int | None = None,
+    batch_size: int | None = None,
     random_seed: int | np.random.SeedSequence | None = None,
     progressbar: bool = True,
     **options: Any,
@@ -211,6 +212,11 @@ def tarp(
         Local worker processes when no client is given (default: the CPUs available).
         ``n_workers=1`` runs everything in this process.  Worker processes start with
         ``spawn``: a script must guard its entry point with ``if __name__ == "__main__":``.
+    batch_size
+        Replicates fitted at once, as one vectorised program where the mechanism has one
+        (:meth:`~dpppl.Mechanism.fit_replicates`); None lets the mechanism size its batches to
+        memory, 1 fits them one at a time.  Batches are the same on every executor, so the
+        study's numbers do not depend on where it runs.
     random_seed
         Seed of the whole study (prior draws, data, fits, references).  The study computes on
         no private data, so its seed is stored in the attributes for reproducibility.
@@ -240,6 +246,8 @@ def tarp(
     _check_positive("n_simulations", n_simulations, minimum=2)
     if n_posterior_draws is not None:
         _check_positive("n_posterior_draws", n_posterior_draws)
+    if batch_size is not None:
+        _check_positive("batch_size", batch_size)
     mechanism_obj = get_mechanism(mechanism)(**options)
     compiled = record_model(model, records, hold_model=False)
     sim = simulator(compiled)
@@ -252,9 +260,14 @@ def tarp(
     plan, _ = plan_fit(
         mechanism_obj, simulated, epsilon=epsilon, delta=delta, accountant=accountant
     )
-    replicates = _Replicates(simulated, sim, mechanism_obj, plan, source, n, n_posterior_draws)
+    if batch_size is None:
+        batch_size = mechanism_obj.replicate_batch_size(simulated, plan)
+    replicates = _Replicates(
+        simulated, sim, mechanism_obj, plan, source, n, n_posterior_draws, batch_size
+    )
     chunks = map_chunks(
         seeds,
+        batch=batch_size,
         local=replicates.run,
         remote=functools.partial(
             _run_remote,
@@ -262,7 +275,7 @@ def tarp(
             # A fresh mechanism from its class and options: nothing this instance was shown
             # (check_model sees the model with its data) can travel with it.
             cloudpickle.dumps(
-                (type(mechanism_obj), options, plan, source, n, n_posterior_draws)
+                (type(mechanism_obj), options, plan, source, n, n_posterior_draws, batch_size)
             ),
         ),
         client=client,
@@ -296,6 +309,7 @@ def tarp(
             seed=root,
             seeded=random_seed is not None,
             fits_with_warnings=sum(1 for messages in fit_warnings if messages),
+            batch_size=batch_size,
         )
     )
     return coverage
@@ -563,6 +577,7 @@ def _study_attrs(
     seed: np.random.SeedSequence,
     seeded: bool,
     fits_with_warnings: int,
+    batch_size: int,
 ) -> dict[str, Any]:
     private = covariates == "private"
     attrs = {
@@ -583,6 +598,9 @@ def _study_attrs(
         # The study computes on no private data, so its seed may be kept: with it the study
         # reruns.
         "seed_entropy": str(seed.entropy),
+        # Vectorised replicates draw their randomness per batch: the seed reruns the study with
+        # the same batches.
+        "batch_size": int(batch_size),
         "seed_spawn_key": json.dumps(list(seed.spawn_key)),
         "seeded": int(seeded),
         "fits_with_warnings": int(fits_with_warnings),
@@ -658,7 +676,9 @@ def _run_remote(model_bytes: bytes, study_bytes: bytes, seeds: list) -> _Chunk:
     """
     model, structure = cloudpickle.loads(model_bytes)
     compiled = RecordModel(model, structure)
-    mechanism_class, options, plan, source, n, n_draws = cloudpickle.loads(study_bytes)
+    mechanism_class, options, plan, source, n, n_draws, batch_size = cloudpickle.loads(
+        study_bytes
+    )
     replicates = _Replicates(
         compiled.with_n_records(n),
         simulator(compiled),
@@ -667,6 +687,7 @@ def _run_remote(model_bytes: bytes, study_bytes: bytes, seeds: list) -> _Chunk:
         source,
         n,
         n_draws,
+        batch_size,
     )
     return replicates.run(seeds)
 

@@ -13,6 +13,7 @@ them and public settings.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -116,16 +117,19 @@ def make_step(model: RecordModel, capacity: int, mc_draws: int, snapped: bool = 
     return step
 
 
-def _chunk_runner(model: RecordModel, capacity: int, mc_draws: int, chunk: int, snapped: bool):
+def _chunk_runner(
+    model: RecordModel, capacity: int, mc_draws: int, chunk: int, snapped: bool, replicates: bool
+):
+    """``chunk`` steps under ``jax.lax.scan``, jitted; with ``replicates``, vmapped over a leading
+    replicate axis of the iterate, key, data and settings (the grid is shared)."""
     step = make_step(model, capacity, mc_draws, snapped)
 
-    @jax.jit
     def run(phi, key, data, settings, grid):
         keys = jax.random.split(key, chunk)
         phi, out = jax.lax.scan(lambda carry, k: step(carry, k, data, settings, grid), phi, keys)
         return phi, out._replace(exact=jnp.all(out.exact))
 
-    return run
+    return jax.jit(jax.vmap(run, in_axes=(0, 0, 0, 0, None)) if replicates else run)
 
 
 class Schedule(Protocol):
@@ -174,36 +178,117 @@ def run_dpsgd(
     ``model`` by their static shapes, so a second fit of the same model and sizes does not
     recompile.
     """
-    device_data = {k: jnp.asarray(v) for k, v in data.items()}
-    phi = jnp.asarray(phi0, dtype=jnp.float64)
+    traces, settings = _run_chunks(
+        model, [data], np.asarray(phi0)[None], [schedule], [key],
+        steps=steps, capacity=capacity, mc_draws=mc_draws, progress=progress, grid=grid,
+        chunk=chunk, replicates=False,
+    )
+    return traces[0], settings[0]
+
+
+def run_dpsgd_replicates(
+    model: RecordModel,
+    data: Sequence[Mapping[str, np.ndarray]],
+    phi0: np.ndarray,
+    schedules: Sequence[Schedule],
+    keys: Sequence[jax.Array],
+    *,
+    steps: int,
+    capacity: int,
+    mc_draws: int,
+    progress: Progress,
+    grid: float | None = None,
+    chunk: int = 250,
+) -> tuple[list[Trace], list[DPSGDSettings]]:
+    """:func:`run_dpsgd` on R independent replicates at once, as one vmapped program.
+
+    ``data``, ``phi0`` (R × d), ``schedules`` and ``keys`` hold one entry per replicate; every
+    schedule must have the same burn-in length.  Each replicate follows exactly the algorithm of
+    a single fit, its own schedule included; only its random stream differs (JAX's ``rbg``
+    generator is not vmap-invariant).
+    """
+    return _run_chunks(
+        model, data, np.asarray(phi0), schedules, keys,
+        steps=steps, capacity=capacity, mc_draws=mc_draws, progress=progress, grid=grid,
+        chunk=chunk, replicates=True,
+    )
+
+
+def _stack(trees):
+    return jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(x) for x in leaves]), *trees)
+
+
+def _run_chunks(
+    model: RecordModel,
+    data: Sequence[Mapping[str, np.ndarray]],
+    phi0: np.ndarray,
+    schedules: Sequence[Schedule],
+    keys: Sequence[jax.Array],
+    *,
+    steps: int,
+    capacity: int,
+    mc_draws: int,
+    progress: Progress,
+    grid: float | None,
+    chunk: int,
+    replicates: bool,
+) -> tuple[list[Trace], list[DPSGDSettings]]:
+    """The loop of :func:`run_dpsgd` over a leading replicate axis (of length 1 unless
+    ``replicates``, when the compiled chunks are vmapped over it)."""
     snapped = grid is not None
-    burn_in = _chunks(schedule.burn_in_steps, chunk)
-    final = _chunks(steps - schedule.burn_in_steps, chunk)
-    keys = jax.random.split(key, len(burn_in) + len(final))
-    settings = schedule.settings(np.asarray(phi)[None], progress=0.0 if burn_in else 1.0)
-    outputs = []
+    burn_in_steps = schedules[0].burn_in_steps
+    if any(s.burn_in_steps != burn_in_steps for s in schedules):
+        raise ValueError("replicates of one DP-SGD run must share the burn-in length")
+    burn_in = _chunks(burn_in_steps, chunk)
+    final = _chunks(steps - burn_in_steps, chunk)
+    chunk_keys = [jax.random.split(key, len(burn_in) + len(final)) for key in keys]
+    if replicates:
+        device_data = _stack(data)
+    else:
+        device_data = {k: jnp.asarray(v) for k, v in data[0].items()}
+    phi = jnp.asarray(phi0, dtype=jnp.float64)
+    settings = [
+        s.settings(np.asarray(p)[None], progress=0.0 if burn_in else 1.0)
+        for s, p in zip(schedules, phi0, strict=True)
+    ]
+    outputs: list[StepOutput] = []
     preconditioners = []
     with progress.task("DP-SGD", total=steps) as bar:
         for i, length in enumerate(burn_in + final):
             run = model.cached(
-                ("na-dpvi", "dpsgd", capacity, mc_draws, length, snapped),
-                lambda length=length: _chunk_runner(model, capacity, mc_draws, length, snapped),
+                ("na-dpvi", "dpsgd", capacity, mc_draws, length, snapped, replicates),
+                lambda length=length: _chunk_runner(
+                    model, capacity, mc_draws, length, snapped, replicates
+                ),
             )
-            phi, out = run(phi, keys[i], device_data, settings, grid if snapped else 0.0)
-            require_exact(out.exact)
+            grid_value = grid if snapped else 0.0
+            if replicates:
+                key = jnp.stack([k[i] for k in chunk_keys])
+                phi, out = run(phi, key, device_data, _stack(settings), grid_value)
+            else:
+                last, out = run(phi[0], chunk_keys[0][i], device_data, settings[0], grid_value)
+                phi, out = last[None], jax.tree.map(lambda x: x[None], out)
+            require_exact(jnp.all(out.exact))
             outputs.append(out)
-            preconditioners.append(np.broadcast_to(settings.preconditioner, out.noisy_sum.shape))
+            preconditioners.append(
+                np.stack([np.broadcast_to(s.preconditioner, (length, phi.shape[1])) for s in settings])
+            )
             bar.advance(length)
             if i < len(burn_in):
-                settings = schedule.settings(
-                    np.asarray(out.phi), progress=(i + 1) / len(burn_in)
-                )
+                settings = [
+                    s.settings(np.asarray(p), progress=(i + 1) / len(burn_in))
+                    for s, p in zip(schedules, out.phi, strict=True)
+                ]
             if i == len(burn_in) - 1:
-                burn_in_phi = jnp.concatenate([o.phi for o in outputs])
-                phi = jnp.asarray(schedule.restart(np.asarray(burn_in_phi)))
-    trace = Trace(
-        phi=np.asarray(jnp.concatenate([o.phi for o in outputs] + [phi[None]])),
-        noisy_sum=np.asarray(jnp.concatenate([o.noisy_sum for o in outputs])),
-        preconditioner=np.concatenate(preconditioners),
-    )
-    return trace, settings
+                burn_in_phi = np.asarray(jnp.concatenate([o.phi for o in outputs], axis=1))
+                phi = jnp.asarray(
+                    np.stack([s.restart(p) for s, p in zip(schedules, burn_in_phi, strict=True)])
+                )
+    phi_trace = np.asarray(jnp.concatenate([o.phi for o in outputs] + [phi[:, None]], axis=1))
+    sums = np.asarray(jnp.concatenate([o.noisy_sum for o in outputs], axis=1))
+    beta = np.concatenate(preconditioners, axis=1)
+    traces = [
+        Trace(phi=phi_trace[r], noisy_sum=sums[r], preconditioner=beta[r])
+        for r in range(len(schedules))
+    ]
+    return traces, settings

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,7 +23,13 @@ from dpppl.events import NeighbourRelation, PrivacyEvent, poisson_subsampled_gau
 from dpppl.privacy import PoissonSampler, SnappedGaussian, jax_key
 from dpppl.progress import Progress
 from dpppl.record_model import RecordModel
-from dpppl_na_dpvi.dpsgd import DPSGDSettings, Trace, noise_std, run_dpsgd
+from dpppl_na_dpvi.dpsgd import (
+    DPSGDSettings,
+    Trace,
+    noise_std,
+    run_dpsgd,
+    run_dpsgd_replicates,
+)
 from dpppl_na_dpvi.heuristics import StandardisedSchedule, default_clipping_bound
 from dpppl_na_dpvi.postprocess import (
     MAX_FULL_CURVATURE,
@@ -33,6 +39,11 @@ from dpppl_na_dpvi.postprocess import (
     sample_laplace,
     sample_nuts,
 )
+
+#: Memory a vmapped batch of replicate fits may take (see :meth:`NADPVI.replicate_batch_size`).
+REPLICATE_MEMORY = 2**30
+#: Most replicates in one vmapped program: beyond this, batches gain little and compile slowly.
+MAX_REPLICATE_BATCH = 128
 
 
 class NADPVI(Mechanism):
@@ -279,60 +290,183 @@ class NADPVI(Mechanism):
         seed: np.random.SeedSequence,
         progress: Progress,
     ) -> Release:
+        [release] = self._fit([data], plan, model, [seed], progress, replicates=False)
+        return release
+
+    def replicate_batch_size(self, model: RecordModel, plan: PrivacyPlan) -> int:
+        """Replicates per vmapped program: as many as fit in ``REPLICATE_MEMORY``, counting the
+        trace, the post-processing draws and a DP-SGD step's per-record gradients of each."""
+        o = self.options
+        d = 2 * model.n_params
+        post = 2 * d + d * d // 8 + 8  # φ*, v, μ-correlations (at most (d/2)²/2), statistics
+        per_replicate = 8 * (
+            3 * o.steps * d
+            + o.chains * o.draws * post
+            + 4 * plan.details["batch_capacity"] * o.mc_draws * d
+        )
+        return int(np.clip(REPLICATE_MEMORY // per_replicate, 1, MAX_REPLICATE_BATCH))
+
+    def fit_replicates(
+        self,
+        model: RecordModel,
+        datasets: Sequence[Mapping[str, np.ndarray]],
+        plan: PrivacyPlan,
+        *,
+        seeds: Sequence[np.random.SeedSequence],
+        progress: Progress,
+    ) -> list[Release]:
+        """The replicates as vmapped programs of :meth:`replicate_batch_size` replicates at most.
+
+        A batch is padded with copies of its last replicate to a power of two (whose results are
+        dropped), so a study compiles a few programs rather than one per batch size.
+        """
+        batch = self.replicate_batch_size(model, plan)
+        releases: list[Release] = []
+        for start in range(0, len(datasets), batch):
+            part = list(datasets[start : start + batch])
+            part_seeds = list(seeds[start : start + batch])
+            size = min(batch, 1 << (len(part) - 1).bit_length())
+            padding = size - len(part)
+            fitted = self._fit(
+                part + part[-1:] * padding,
+                plan,
+                model,
+                part_seeds + part_seeds[-1:] * padding,
+                progress,
+                replicates=size > 1,
+            )
+            releases += fitted[: len(part)]
+        return releases
+
+    def _fit(
+        self,
+        datasets: Sequence[Mapping[str, np.ndarray]],
+        plan: PrivacyPlan,
+        model: RecordModel,
+        seeds: Sequence[np.random.SeedSequence],
+        progress: Progress,
+        *,
+        replicates: bool,
+    ) -> list[Release]:
+        """Fits of ``datasets``: one at a time, or vmapped over them with ``replicates``."""
         o = self.options
         grid = plan.details["grid"] if o.noise == "snapped" else None
-        key_sgd, key_post, key_theta = jax.random.split(jax_key(seed), 3)
-        schedule = StandardisedSchedule(
-            model,
-            noise_multiplier=plan.noise_multiplier,
-            sampling_rate=o.sampling_rate,
-            steps=o.steps,
-            burn_in_steps=int(o.burn_in * o.steps),
-            clipping_bound=o.clipping_bound,
-            u_preconditioning=o.preconditioning,
-            learning_rate_scale=o.learning_rate_scale,
-        )
-        trace, final = run_dpsgd(
-            model,
-            data,
-            schedule.initial_phi(),
-            schedule,
+        keys = [jax.random.split(jax_key(seed), 3) for seed in seeds]
+        schedules = [
+            StandardisedSchedule(
+                model,
+                noise_multiplier=plan.noise_multiplier,
+                sampling_rate=o.sampling_rate,
+                steps=o.steps,
+                burn_in_steps=int(o.burn_in * o.steps),
+                clipping_bound=o.clipping_bound,
+                u_preconditioning=o.preconditioning,
+                learning_rate_scale=o.learning_rate_scale,
+            )
+            for _ in datasets
+        ]
+        phi0 = np.stack([schedule.initial_phi() for schedule in schedules])
+        sizes = dict(
             steps=o.steps,
             capacity=plan.details["batch_capacity"],
             mc_draws=o.mc_draws,
-            key=key_sgd,
             progress=progress,
             grid=grid,
         )
-        groups = {"dpvi_trace": _trace_dataset(model, trace)}
+        if replicates:
+            traces, finals = run_dpsgd_replicates(
+                model, datasets, phi0, schedules, [k[0] for k in keys], **sizes
+            )
+        else:
+            trace, final = run_dpsgd(
+                model, datasets[0], phi0[0], schedules[0], key=keys[0][0], **sizes
+            )
+            traces, finals = [trace], [final]
         if o.posterior == "naive":
+            posts = [None] * len(traces)
+        else:
+            posts = self._post_process(
+                model, traces, schedules[0].burn_in_steps, finals, grid,
+                [k[1] for k in keys], progress, replicates,
+            )
+        return [
+            self._release(model, trace, post, schedule, key[2])
+            for trace, post, schedule, key in zip(traces, posts, schedules, keys, strict=True)
+        ]
+
+    def _release(
+        self,
+        model: RecordModel,
+        trace: Trace,
+        post: PostProcessingDraws | None,
+        schedule: StandardisedSchedule,
+        key: jax.Array,
+    ) -> Release:
+        o = self.options
+        groups = {"dpvi_trace": _trace_dataset(model, trace)}
+        messages = []
+        if post is None:
             phi_star = trace.phi[-1][None, None, :].repeat(o.chains, 0).repeat(o.draws, 1)
         else:
-            post = self._post_process(
-                model, trace, schedule.burn_in_steps, final, grid, key_post, progress
-            )
             phi_star = post.phi_star
             groups.update(_postprocessing_groups(model, post))
-        draws = _mixture_draws(model, phi_star, key_theta)
-        return Release(draws=draws, groups=groups, attrs=schedule.public())
+            diverging = int(post.sample_stats.get("diverging", np.zeros(1)).sum())
+            if diverging:
+                messages.append(
+                    f"{diverging} divergent transitions in the NUTS run of the post-processing "
+                    "model; its posterior may be biased (try inference='laplace' or more tune "
+                    "steps)"
+                )
+        draws = _mixture_draws(model, phi_star, key)
+        return Release(draws=draws, groups=groups, attrs=schedule.public(), warnings=messages)
 
     def _post_process(
+        self,
+        model: RecordModel,
+        traces: list[Trace],
+        burn_in_steps: int,
+        finals: list[DPSGDSettings],
+        grid: float | None,
+        keys: list[jax.Array],
+        progress: Progress,
+        replicates: bool,
+    ) -> list[PostProcessingDraws]:
+        o = self.options
+        stats = [
+            self._statistics(model, trace, burn_in_steps, settings, grid)
+            for trace, settings in zip(traces, finals, strict=True)
+        ]
+        full = o.curvature == "full" or (
+            o.curvature == "auto" and 2 <= model.n_params <= MAX_FULL_CURVATURE
+        )
+        structure = ModelStructure(full_curvature=full, subsampling=o.subsampling_noise)
+        options = dict(
+            draws=o.draws, chains=o.chains, structure=structure, cache=model.cached,
+            replicates=replicates,
+        )
+        with progress.task(f"noise-aware posterior ({o.inference})", total=1) as bar:
+            if o.inference == "nuts":
+                posts = sample_nuts(stats, keys, tune=o.tune, **options)
+            else:
+                posts = sample_laplace(stats, keys, **options)
+            bar.advance(1)
+        return posts
+
+    def _statistics(
         self,
         model: RecordModel,
         trace: Trace,
         burn_in_steps: int,
         settings: DPSGDSettings,
         grid: float | None,
-        key: jax.Array,
-        progress: Progress,
-    ) -> PostProcessingDraws:
+    ) -> TraceStatistics:
         o = self.options
         beta = np.asarray(settings.preconditioner)
         bound = settings.clipping_bound
         # A Poisson batch of clipped gradients varies by at most √(κN)·C per coordinate: the
         # prior scale of the subsampling noise, in units of the noisy gradients (divided by β).
         subsampling_scale = math.sqrt(o.sampling_rate * model.n_records) * bound / beta
-        stats = TraceStatistics.from_trace(
+        return TraceStatistics.from_trace(
             trace.phi,
             trace.noisy_grad,
             burn_in=burn_in_steps,
@@ -341,30 +475,6 @@ class NADPVI(Mechanism):
             subsampling_scale=subsampling_scale,
             curvature_prior=o.curvature_prior,
         )
-        full = o.curvature == "full" or (
-            o.curvature == "auto" and 2 <= model.n_params <= MAX_FULL_CURVATURE
-        )
-        structure = ModelStructure(full_curvature=full, subsampling=o.subsampling_noise)
-        with progress.task(f"noise-aware posterior ({o.inference})", total=1) as bar:
-            if o.inference == "nuts":
-                post = sample_nuts(
-                    stats, key, tune=o.tune, draws=o.draws, chains=o.chains,
-                    structure=structure, cache=model.cached,
-                )
-            else:
-                post = sample_laplace(
-                    stats, key, draws=o.draws, chains=o.chains,
-                    structure=structure, cache=model.cached,
-                )
-            bar.advance(1)
-        diverging = int(post.sample_stats.get("diverging", np.zeros(1)).sum())
-        if diverging:
-            warnings.warn(
-                f"{diverging} divergent transitions in the NUTS run of the post-processing model; "
-                "its posterior may be biased (try inference='laplace' or more tune steps)",
-                stacklevel=4,
-            )
-        return post
 
 
 def _vi_labels(model: RecordModel) -> list[str]:

@@ -273,7 +273,7 @@ def curvature_matrices(
     return a
 
 
-def _nuts_sampler(tune: int, draws: int, chains: int, structure: ModelStructure):
+def _nuts_sampler(tune: int, draws: int, chains: int, structure: ModelStructure, replicates: bool):
     def one_chain(key, stats):
         def logdensity(params):
             return log_density(params, stats, structure)
@@ -305,11 +305,11 @@ def _nuts_sampler(tune: int, draws: int, chains: int, structure: ModelStructure)
         _, (positions, info) = jax.lax.scan(step, state, jax.random.split(key_sample, draws))
         return positions, info
 
-    @jax.jit
     def run(key, stats):
         return jax.vmap(one_chain, in_axes=(0, None))(jax.random.split(key, chains), stats)
 
-    return run
+    # Replicates each adapt their own step size and mass matrix: vmap maps the whole run.
+    return jax.jit(jax.vmap(run) if replicates else run)
 
 
 def _to_draws(
@@ -337,27 +337,41 @@ def _to_draws(
     )
 
 
+def _stack(stats: list[TraceStatistics]) -> TraceStatistics:
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *stats)
+
+
 def sample_nuts(
-    stats: TraceStatistics,
-    key: jax.Array,
+    stats: list[TraceStatistics],
+    keys: list[jax.Array],
     *,
     tune: int,
     draws: int,
     chains: int,
     structure: ModelStructure,
     cache,
-) -> PostProcessingDraws:
-    """NUTS (blackjax, window adaptation) on the post-processing model.
+    replicates: bool = False,
+) -> list[PostProcessingDraws]:
+    """NUTS (blackjax, window adaptation) on the post-processing model of each trace.
 
+    One trace (``replicates=False``) runs on its own compiled sampler; with ``replicates`` the
+    traces of independent fits run as one vmapped program, each chain adapting on its own.
     ``cache(key, factory)`` stores the compiled sampler (e.g. ``RecordModel.cached``), so fits of
     the same sizes reuse it.
     """
     run = cache(
-        ("na-dpvi", "nuts", stats.phi_bar.shape[0], tune, draws, chains, structure),
-        lambda: _nuts_sampler(tune, draws, chains, structure),
+        ("na-dpvi", "nuts", stats[0].phi_bar.shape[0], tune, draws, chains, structure, replicates),
+        lambda: _nuts_sampler(tune, draws, chains, structure, replicates),
     )
-    positions, info = run(key, stats)
-    return _to_draws(positions, stats, structure, info)
+    if not replicates:
+        [one], [key] = stats, keys
+        positions, info = run(key, one)
+        return [_to_draws(positions, one, structure, info)]
+    positions, info = run(jnp.stack(keys), _stack(stats))
+    return [
+        _to_draws(positions[r], one, structure, {k: v[r] for k, v in info.items()})
+        for r, one in enumerate(stats)
+    ]
 
 
 #: Newton iterations of the Laplace fit, and the step lengths its line search tries.
@@ -365,8 +379,7 @@ LAPLACE_ITERATIONS = 60
 LAPLACE_STEP_LENGTHS = 2.0 ** -np.arange(12)
 
 
-def _laplace_fit(structure: ModelStructure):
-    @jax.jit
+def _laplace_fit(structure: ModelStructure, replicates: bool):
     def fit(stats):
         def objective(p):
             value = -log_density(p, stats, structure)
@@ -398,24 +411,32 @@ def _laplace_fit(structure: ModelStructure):
         scale = eigenvectors / jnp.sqrt(jnp.maximum(eigenvalues, 1e-12))
         return mode, scale
 
-    return fit
+    return jax.jit(jax.vmap(fit) if replicates else fit)
 
 
 def sample_laplace(
-    stats: TraceStatistics,
-    key: jax.Array,
+    stats: list[TraceStatistics],
+    keys: list[jax.Array],
     *,
     draws: int,
     chains: int,
     structure: ModelStructure,
     cache,
-) -> PostProcessingDraws:
-    """Laplace's approximation: a Gaussian at the MAP with the inverse Hessian as covariance."""
+    replicates: bool = False,
+) -> list[PostProcessingDraws]:
+    """Laplace's approximation of each trace's post-processing model: a Gaussian at the MAP
+    with the inverse Hessian as covariance (vmapped over the traces with ``replicates``)."""
     fit = cache(
-        ("na-dpvi", "laplace", stats.phi_bar.shape[0], structure),
-        lambda: _laplace_fit(structure),
+        ("na-dpvi", "laplace", stats[0].phi_bar.shape[0], structure, replicates),
+        lambda: _laplace_fit(structure, replicates),
     )
-    mode, scale = fit(stats)
-    z = jax.random.normal(key, (chains, draws, mode.shape[0]))
-    positions = mode + z @ scale.T
-    return _to_draws(positions, stats, structure, {})
+    if replicates:
+        modes, scales = fit(_stack(stats))
+    else:
+        mode, scale = fit(stats[0])
+        modes, scales = mode[None], scale[None]
+    results = []
+    for one, key, mode, scale in zip(stats, keys, modes, scales, strict=True):
+        z = jax.random.normal(key, (chains, draws, mode.shape[0]))
+        results.append(_to_draws(mode + z @ scale.T, one, structure, {}))
+    return results

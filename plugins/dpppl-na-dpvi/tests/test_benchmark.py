@@ -140,7 +140,7 @@ def test_nuts_engines_on_the_post_processing_model(capsys):
         return store[key]
 
     def blackjax_run(seed):
-        return sample_nuts(stats, jax.random.key(seed), tune=1000, draws=4000, chains=1,
+        return sample_nuts([stats], [jax.random.key(seed)], tune=1000, draws=4000, chains=1,
                            structure=ModelStructure(), cache=cache)
 
     blackjax_run(0)

@@ -107,15 +107,16 @@ def test_the_structural_curvature_matches_a_real_elbo_hessian():
 
 @pytest.mark.parametrize("prior", ["structural", "trace"])
 def test_nuts_recovers_the_optimum_with_calibrated_uncertainty(prior):
+    """40 simulated traces, sampled as one vmapped program of replicates."""
     rng = np.random.default_rng(3)
-    store = cache()
+    truths = [np.array([rng.normal(), softplus_inverse(VARIANCE) + 0.1 * rng.normal()])
+              for _ in range(40)]
+    stats = [stats_for(rng, phi_star, prior) for phi_star in truths]
+    draws = sample_nuts(stats, [jax.random.key(k) for k in range(40)], tune=300, draws=500,
+                        chains=1, structure=ModelStructure(), cache=cache(), replicates=True)
     z = []
-    for k in range(40):
-        phi_star = np.array([rng.normal(), softplus_inverse(VARIANCE) + 0.1 * rng.normal()])
-        stats = stats_for(rng, phi_star, prior)
-        draws = sample_nuts(stats, jax.random.key(k), tune=300, draws=500, chains=1,
-                            structure=ModelStructure(), cache=store)
-        samples = draws.phi_star.reshape(-1, 2)
+    for one, phi_star in zip(draws, truths, strict=True):
+        samples = one.phi_star.reshape(-1, 2)
         z.append((samples.mean(axis=0) - phi_star) / samples.std(axis=0))
     z = np.array(z)
     assert np.all(np.abs(z.mean(axis=0)) < 0.6)
@@ -125,10 +126,11 @@ def test_nuts_recovers_the_optimum_with_calibrated_uncertainty(prior):
 def test_laplace_agrees_with_nuts_on_a_well_identified_trace():
     stats = stats_for(np.random.default_rng(4), np.array([0.2, softplus_inverse(VARIANCE)]))
     store = cache()
-    nuts = sample_nuts(stats, jax.random.key(0), tune=500, draws=2000, chains=1,
-                       structure=ModelStructure(), cache=store).phi_star.reshape(-1, 2)
-    laplace = sample_laplace(stats, jax.random.key(1), draws=2000, chains=1,
-                             structure=ModelStructure(), cache=store).phi_star.reshape(-1, 2)
+    [nuts] = sample_nuts([stats], [jax.random.key(0)], tune=500, draws=2000, chains=1,
+                         structure=ModelStructure(), cache=store)
+    [laplace] = sample_laplace([stats], [jax.random.key(1)], draws=2000, chains=1,
+                               structure=ModelStructure(), cache=store)
+    nuts, laplace = nuts.phi_star.reshape(-1, 2), laplace.phi_star.reshape(-1, 2)
     np.testing.assert_allclose(laplace.mean(0), nuts.mean(0), atol=0.2 * nuts.std(0).max())
     np.testing.assert_allclose(laplace.std(0), nuts.std(0), rtol=0.2)
 
@@ -136,8 +138,8 @@ def test_laplace_agrees_with_nuts_on_a_well_identified_trace():
 def test_the_subsampling_noise_can_be_modelled():
     stats = stats_for(np.random.default_rng(5), np.array([0.0, softplus_inverse(VARIANCE)]))
     stats = stats._replace(subsampling_scale=jnp.array([50.0, 0.1]))
-    draws = sample_nuts(stats, jax.random.key(0), tune=200, draws=200, chains=1,
-                        structure=ModelStructure(subsampling=True), cache=cache())
+    [draws] = sample_nuts([stats], [jax.random.key(0)], tune=200, draws=200, chains=1,
+                          structure=ModelStructure(subsampling=True), cache=cache())
     assert np.isfinite(draws.phi_star).all()
 
 
@@ -171,8 +173,8 @@ def test_a_full_curvature_locates_the_optimum_of_a_correlated_objective():
                                            rate=KAPPA, subsampling_scale=np.zeros(4),
                                            curvature_prior="trace")
         for full in (False, True):
-            draws = sample_nuts(stats, jax.random.key(k), tune=300, draws=400, chains=1,
-                                structure=ModelStructure(full_curvature=full), cache=store)
+            [draws] = sample_nuts([stats], [jax.random.key(k)], tune=300, draws=400, chains=1,
+                                  structure=ModelStructure(full_curvature=full), cache=store)
             samples = draws.phi_star.reshape(-1, 4)[:, :2]
             z[full].append((samples.mean(axis=0) - phi_star[:2]) / samples.std(axis=0))
     full_z, diagonal_z = np.array(z[True]), np.array(z[False])

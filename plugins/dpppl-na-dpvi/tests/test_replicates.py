@@ -1,0 +1,74 @@
+"""Replicate fits run as one vmapped program and are distributed as single fits are."""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytest
+from scipy import stats
+
+from dpppl.plugins import get_accountant, get_mechanism
+from dpppl.progress import Progress
+from dpppl.record_model import record_model
+
+N = 200
+REPLICATES = 12
+OPTIONS = {"steps": 200, "burn_in": 0.2, "mc_draws": 2, "posterior": "naive", "draws": 10}
+
+
+@pytest.fixture(scope="module")
+def setting():
+    x = np.random.default_rng(0).binomial(1, 0.3, N)
+    with pm.Model() as model:
+        p = pm.Beta("p", 10, 10)
+        pm.Bernoulli("x", p, observed=x)
+    compiled = record_model(model)
+    mechanism = get_mechanism("na-dpvi")(**OPTIONS)
+    mechanism.check_model(compiled)
+    plan = mechanism.plan(
+        n_records=N, epsilon=0.3, delta=1e-5, accountant=get_accountant("rdp")()
+    )
+    return mechanism, compiled, plan
+
+
+def _sums(releases):
+    return np.stack([r.groups["dpvi_trace"]["noisy_sum"].values for r in releases])
+
+
+def test_vectorised_replicates_release_what_single_fits_release(setting):
+    mechanism, model, plan = setting
+    data = model.data()
+    seeds = np.random.SeedSequence(1).spawn(2 * REPLICATES)
+    batched = mechanism.fit_replicates(
+        model, [data] * REPLICATES, plan, seeds=seeds[:REPLICATES], progress=Progress(False)
+    )
+    single = [
+        mechanism.fit(model, data, plan, seed=seed, progress=Progress(False))
+        for seed in seeds[REPLICATES:]
+    ]
+    assert mechanism.replicate_batch_size(model, plan) >= REPLICATES
+    assert len(batched) == REPLICATES
+    vectorised, alone = _sums(batched), _sums(single)
+    # Same data, same plan: the noisy sums of every step and coordinate have one distribution.
+    for coordinate in range(vectorised.shape[-1]):
+        a, b = vectorised[..., coordinate].ravel(), alone[..., coordinate].ravel()
+        assert stats.ks_2samp(a, b).pvalue > 1e-3
+        assert 0.9 < a.std() / b.std() < 1.1
+    # ... on the plan's grid, and with independent noise across replicates.
+    steps = vectorised / plan.details["grid"]
+    np.testing.assert_array_equal(steps, np.round(steps))
+    noise = vectorised - vectorised.mean(axis=0)
+    flat = noise[..., 0].reshape(REPLICATES, -1)
+    correlations = np.corrcoef(flat)[np.triu_indices(REPLICATES, 1)]
+    assert np.abs(correlations).max() < 5 / np.sqrt(flat.shape[1])
+
+
+def test_a_batch_is_padded_to_a_power_of_two_and_returns_one_release_per_data_set(setting):
+    mechanism, model, plan = setting
+    data = model.data()
+    seeds = np.random.SeedSequence(2).spawn(3)
+    releases = mechanism.fit_replicates(model, [data] * 3, plan, seeds=seeds,
+                                        progress=Progress(False))
+    assert len(releases) == 3
+    sums = _sums(releases)
+    assert all(not np.array_equal(sums[i], sums[j]) for i, j in ((0, 1), (0, 2), (1, 2)))
