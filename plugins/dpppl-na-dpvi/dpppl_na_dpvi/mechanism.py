@@ -42,6 +42,8 @@ from dpppl_na_dpvi.postprocess import (
 
 #: Memory a vmapped batch of replicate fits may take (see :meth:`NADPVI.replicate_batch_size`).
 REPLICATE_MEMORY = 2**30
+#: Fewest replicates worth a vmapped program; smaller batches are fitted one at a time.
+MIN_REPLICATE_BATCH = 16
 #: Most replicates in one vmapped program: beyond this, batches gain little and compile slowly.
 MAX_REPLICATE_BATCH = 128
 
@@ -129,6 +131,7 @@ class NADPVI(Mechanism):
         subsampling_noise: bool = False
         curvature_prior: Literal["structural", "trace"] = "structural"
         curvature: Literal["auto", "full", "diagonal"] = "auto"
+        optimum: Literal["sampled", "integrated"] = "sampled"
         noise: Literal["snapped", "float"] = "snapped"
         relation: Literal["add_or_remove_one", "replace_one"] = "add_or_remove_one"
 
@@ -167,6 +170,10 @@ class NADPVI(Mechanism):
                 raise ValueError(
                     "na-dpvi option relation must be 'add_or_remove_one' or 'replace_one', got "
                     f"{self.relation!r}"
+                )
+            if self.optimum not in ("sampled", "integrated"):
+                raise ValueError(
+                    f"na-dpvi option optimum must be 'sampled' or 'integrated', got {self.optimum!r}"
                 )
             if self.inference not in ("nuts", "laplace"):
                 raise ValueError(
@@ -325,6 +332,11 @@ class NADPVI(Mechanism):
         for start in range(0, len(datasets), batch):
             part = list(datasets[start : start + batch])
             part_seeds = list(seeds[start : start + batch])
+            if len(part) < MIN_REPLICATE_BATCH:
+                # Compiling a vmapped program costs more than it saves on a few replicates.
+                for data, seed in zip(part, part_seeds, strict=True):
+                    releases += self._fit([data], plan, model, [seed], progress, replicates=False)
+                continue
             size = min(batch, 1 << (len(part) - 1).bit_length())
             padding = size - len(part)
             fitted = self._fit(
@@ -333,7 +345,7 @@ class NADPVI(Mechanism):
                 model,
                 part_seeds + part_seeds[-1:] * padding,
                 progress,
-                replicates=size > 1,
+                replicates=True,
             )
             releases += fitted[: len(part)]
         return releases
@@ -439,7 +451,11 @@ class NADPVI(Mechanism):
         full = o.curvature == "full" or (
             o.curvature == "auto" and 2 <= model.n_params <= MAX_FULL_CURVATURE
         )
-        structure = ModelStructure(full_curvature=full, subsampling=o.subsampling_noise)
+        structure = ModelStructure(
+            full_curvature=full,
+            subsampling=o.subsampling_noise,
+            integrated_optimum=o.optimum == "integrated",
+        )
         options = dict(
             draws=o.draws, chains=o.chains, structure=structure, cache=model.cached,
             replicates=replicates,

@@ -131,10 +131,17 @@ class TraceStatistics(NamedTuple):
 
 @dataclass(frozen=True)
 class ModelStructure:
-    """Which optional parts the post-processing model has (static: they change its shape)."""
+    """Which optional parts the post-processing model has (static: they change its shape).
+
+    ``integrated_optimum``: given A (and ς), the noisy gradients are linear-Gaussian in the
+    optimum, so δ = φ* − φ̄ is integrated out of the density in closed form and drawn exactly
+    from its conditional N(P⁻¹h, P⁻¹) after sampling (:func:`draw_optimum`); the sampler then
+    sees only A's parameters, without the funnel between φ* and A.
+    """
 
     full_curvature: bool = False
     subsampling: bool = False
+    integrated_optimum: bool = False
 
 
 def n_correlations(stats: TraceStatistics, full: bool) -> int:
@@ -194,39 +201,96 @@ def curvature(params: jax.Array, stats: TraceStatistics, full: bool) -> jax.Arra
     return a.at[:n, :n].set(mu_block)
 
 
-def log_density(
-    params: jax.Array, stats: TraceStatistics, structure: ModelStructure = ModelStructure()
-) -> jax.Array:
-    """Log posterior density of the post-processing model (up to a constant)."""
-    full = structure.full_curvature
+def _full_parameters(params: jax.Array, d: int, structure: ModelStructure) -> jax.Array:
+    """(δ, v, y, ς), with δ = 0 in front when the sampler's vector leaves δ out."""
+    if structure.integrated_optimum:
+        return jnp.concatenate([jnp.zeros(d, dtype=params.dtype), params])
+    return params
+
+
+def _noise_and_prior(
+    params: jax.Array, stats: TraceStatistics, structure: ModelStructure
+) -> tuple[jax.Array, jax.Array]:
+    """The noise variance of each gradient coordinate and the log prior of A and ς."""
     d = stats.phi_bar.shape[0]
-    n_corr = n_correlations(stats, full)
-    delta, v, y, sub = unpack(params, d, n_corr)
-    a = curvature(params, stats, full)
-    ka = stats.rate * a
-    spread = stats.sum_xx + stats.count * jnp.outer(delta, delta)
-    cross = stats.sum_gx - jnp.outer(stats.sum_g, delta)
-    residual_ss = (
-        stats.sum_g2 - 2 * jnp.sum(ka * cross, axis=1) + jnp.sum((ka @ spread) * ka, axis=1)
-    )
+    n_corr = n_correlations(stats, structure.full_curvature)
+    _, v, y, sub = unpack(params, d, n_corr)
     variance = stats.noise_std**2
-    log_prior = -0.5 * jnp.sum(delta**2) - 0.5 * jnp.sum(
-        ((v - stats.prior_v_mean) / stats.prior_v_std) ** 2
-    )
+    log_prior = -0.5 * jnp.sum(((v - stats.prior_v_mean) / stats.prior_v_std) ** 2)
     if n_corr:
         chol, log_jac = correlation_cholesky(y, d // 2)
         log_prior = log_prior + _lkj_cholesky_logp(chol, LKJ_ETA) + log_jac
     if sub.shape[0]:
         variance = variance + sub**2
         log_prior = log_prior - 0.5 * jnp.sum((sub / stats.subsampling_scale) ** 2)
+    return variance, log_prior
+
+
+def _optimum_precision(
+    ka: jax.Array, variance: jax.Array, stats: TraceStatistics
+) -> tuple[jax.Array, jax.Array]:
+    """L and z = L⁻¹h for δ | A ~ N(P⁻¹h, P⁻¹): P = LLᵀ = I + T (κA)ᵀV⁻¹(κA) combines the N(0, I)
+    prior with the trace, h = −(κA)ᵀV⁻¹ Σ g̃ (the centred trace has Σ x = 0)."""
+    weighted = ka.T / variance
+    precision = jnp.eye(ka.shape[0]) + stats.count * weighted @ ka
+    chol = jnp.linalg.cholesky(precision)
+    z = jax.scipy.linalg.solve_triangular(chol, -weighted @ stats.sum_g, lower=True)
+    return chol, z
+
+
+def log_density(
+    params: jax.Array, stats: TraceStatistics, structure: ModelStructure = ModelStructure()
+) -> jax.Array:
+    """Log posterior density of the post-processing model (up to a constant); with
+    ``structure.integrated_optimum`` the marginal density of A's parameters."""
+    d = stats.phi_bar.shape[0]
+    params = _full_parameters(params, d, structure)
+    delta = params[:d]
+    ka = stats.rate * curvature(params, stats, structure.full_curvature)
+    variance, log_prior = _noise_and_prior(params, stats, structure)
+    spread = stats.sum_xx + stats.count * jnp.outer(delta, delta)
+    cross = stats.sum_gx - jnp.outer(stats.sum_g, delta)
+    residual_ss = (
+        stats.sum_g2 - 2 * jnp.sum(ka * cross, axis=1) + jnp.sum((ka @ spread) * ka, axis=1)
+    )
     log_lik = -0.5 * jnp.sum(residual_ss / variance + stats.count * jnp.log(variance))
-    return log_lik + log_prior
+    if structure.integrated_optimum:
+        # ∫ exp(−½ δᵀPδ + hᵀδ) N(δ; 0, I) dδ = exp(½ zᵀz) / √|P|, with residual_ss at δ = 0.
+        chol, z = _optimum_precision(ka, variance, stats)
+        return log_lik + 0.5 * z @ z - jnp.sum(jnp.log(jnp.diagonal(chol))) + log_prior
+    return log_lik - 0.5 * jnp.sum(delta**2) + log_prior
+
+
+def draw_optimum(
+    params: jax.Array, stats: TraceStatistics, structure: ModelStructure, key: jax.Array
+) -> jax.Array:
+    """One exact draw of δ = φ* − φ̄ from its conditional given A's parameters."""
+    d = stats.phi_bar.shape[0]
+    params = _full_parameters(params, d, structure)
+    ka = stats.rate * curvature(params, stats, structure.full_curvature)
+    variance, _ = _noise_and_prior(params, stats, structure)
+    chol, z = _optimum_precision(ka, variance, stats)
+    noise = jax.random.normal(key, (d,), dtype=z.dtype)
+    return jax.scipy.linalg.solve_triangular(chol.T, z + noise, lower=False)
+
+
+def _with_optimum(
+    positions: jax.Array, stats: TraceStatistics, structure: ModelStructure, key: jax.Array
+) -> jax.Array:
+    """Sampled positions (..., p) as full vectors (δ, v, y, ς): δ drawn given each position
+    when it was integrated out."""
+    if not structure.integrated_optimum:
+        return positions
+    flat = positions.reshape(-1, positions.shape[-1])
+    keys = jax.random.split(key, flat.shape[0])
+    delta = jax.vmap(draw_optimum, in_axes=(0, None, None, 0))(flat, stats, structure, keys)
+    return jnp.concatenate([delta.reshape(*positions.shape[:-1], -1), positions], axis=-1)
 
 
 def initial_position(stats: TraceStatistics, structure: ModelStructure) -> jax.Array:
     d = stats.phi_bar.shape[0]
     parts = [
-        jnp.zeros(d),
+        jnp.zeros(0 if structure.integrated_optimum else d),
         stats.prior_v_mean,
         jnp.zeros(n_correlations(stats, structure.full_curvature)),
     ]
@@ -303,7 +367,7 @@ def _nuts_sampler(tune: int, draws: int, chains: int, structure: ModelStructure,
             return state, (state.position, stats_out)
 
         _, (positions, info) = jax.lax.scan(step, state, jax.random.split(key_sample, draws))
-        return positions, info
+        return _with_optimum(positions, stats, structure, jax.random.fold_in(key, 1)), info
 
     def run(key, stats):
         return jax.vmap(one_chain, in_axes=(0, None))(jax.random.split(key, chains), stats)
@@ -438,5 +502,6 @@ def sample_laplace(
     results = []
     for one, key, mode, scale in zip(stats, keys, modes, scales, strict=True):
         z = jax.random.normal(key, (chains, draws, mode.shape[0]))
-        results.append(_to_draws(mode + z @ scale.T, one, structure, {}))
+        positions = _with_optimum(mode + z @ scale.T, one, structure, jax.random.fold_in(key, 1))
+        results.append(_to_draws(positions, one, structure, {}))
     return results

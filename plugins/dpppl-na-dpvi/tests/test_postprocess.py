@@ -13,6 +13,8 @@ from dpppl.record_model import record_model, softplus_inverse
 from dpppl_na_dpvi.postprocess import (
     ModelStructure,
     TraceStatistics,
+    draw_optimum,
+    initial_position,
     log_density,
     sample_laplace,
     sample_nuts,
@@ -209,3 +211,49 @@ def test_the_stored_diagonal_and_correlations_rebuild_every_curvature_matrix(ful
     rebuilt = curvature_matrices(draws.curvature_diagonal, draws.mu_correlation)
     np.testing.assert_allclose(rebuilt, expected.reshape(2, 5, d, d), rtol=1e-12, atol=1e-12)
     assert draws.mu_correlation.shape == (2, 5, 3 if full else 0)
+
+
+def correlated_stats(rng):
+    a = np.diag([1 / VARIANCE, 1 / VARIANCE, 0.5, 0.5])
+    a[0, 1] = a[1, 0] = -0.78 / VARIANCE
+    noise_std = np.array([400.0, 400.0, 0.4, 0.4])
+    phi_star = np.array([0.05, -0.02, *[float(softplus_inverse(VARIANCE))] * 2])
+    phi, grads = simulate_correlated(rng, phi_star, a, noise_std, steps=3000)
+    return TraceStatistics.from_trace(phi, grads, burn_in=500, noise_std=noise_std, rate=KAPPA,
+                                      subsampling_scale=np.full(4, 50.0), curvature_prior="trace")
+
+
+@pytest.mark.parametrize("subsampling", [False, True])
+def test_the_integrated_density_is_the_sampled_one_with_the_optimum_integrated_out(subsampling):
+    """The density is Gaussian in δ, so Laplace's formula is exact:
+    log ∫ p(δ, ψ) dδ = log p(δ̂, ψ) + (d/2) log 2π − ½ log |−H|, and the N(0, I) prior's
+    constant (2π)^(−d/2) is what the sampled density leaves out."""
+    stats = correlated_stats(np.random.default_rng(7))
+    sampled = ModelStructure(full_curvature=True, subsampling=subsampling)
+    integrated = ModelStructure(full_curvature=True, subsampling=subsampling,
+                                integrated_optimum=True)
+    rng = np.random.default_rng(8)
+    base = initial_position(stats, integrated)
+    for _ in range(3):
+        psi = base + 0.2 * jnp.asarray(rng.normal(size=base.shape))
+        full = lambda delta, psi=psi: log_density(jnp.concatenate([delta, psi]), stats, sampled)
+        hessian = jax.hessian(full)(jnp.zeros(4))
+        optimum = -jnp.linalg.solve(hessian, jax.grad(full)(jnp.zeros(4)))
+        expected = full(optimum) - 0.5 * jnp.linalg.slogdet(-hessian)[1]
+        np.testing.assert_allclose(log_density(psi, stats, integrated), expected, rtol=1e-9)
+
+
+def test_the_optimum_is_drawn_exactly_from_its_conditional():
+    stats = correlated_stats(np.random.default_rng(9))
+    sampled = ModelStructure(full_curvature=True)
+    integrated = ModelStructure(full_curvature=True, integrated_optimum=True)
+    psi = initial_position(stats, integrated)
+    full = lambda delta: log_density(jnp.concatenate([delta, psi]), stats, sampled)
+    hessian = jax.hessian(full)(jnp.zeros(4))
+    covariance = np.linalg.inv(-np.asarray(hessian))
+    mean = covariance @ np.asarray(jax.grad(full)(jnp.zeros(4)))
+    keys = jax.random.split(jax.random.key(0), 20_000)
+    draws = np.asarray(jax.vmap(lambda k: draw_optimum(psi, stats, integrated, k))(keys))
+    sd = np.sqrt(np.diag(covariance))
+    assert np.all(np.abs(draws.mean(axis=0) - mean) < 4 * sd / np.sqrt(len(draws)))
+    np.testing.assert_allclose(np.cov(draws.T), covariance, rtol=0.05, atol=0.05 * sd.max() ** 2)

@@ -12,7 +12,7 @@ from dpppl.progress import Progress
 from dpppl.record_model import record_model
 
 N = 200
-REPLICATES = 12
+REPLICATES = 16
 OPTIONS = {"steps": 200, "burn_in": 0.2, "mc_draws": 2, "posterior": "naive", "draws": 10}
 
 
@@ -66,9 +66,18 @@ def test_vectorised_replicates_release_what_single_fits_release(setting):
 def test_a_batch_is_padded_to_a_power_of_two_and_returns_one_release_per_data_set(setting):
     mechanism, model, plan = setting
     data = model.data()
-    seeds = np.random.SeedSequence(2).spawn(3)
-    releases = mechanism.fit_replicates(model, [data] * 3, plan, seeds=seeds,
+    seeds = np.random.SeedSequence(2).spawn(REPLICATES + 1)
+    releases = mechanism.fit_replicates(model, [data] * (REPLICATES + 1), plan, seeds=seeds,
                                         progress=Progress(False))
-    assert len(releases) == 3
+    assert len(releases) == REPLICATES + 1
     sums = _sums(releases)
-    assert all(not np.array_equal(sums[i], sums[j]) for i, j in ((0, 1), (0, 2), (1, 2)))
+    assert len({s.tobytes() for s in sums}) == REPLICATES + 1
+
+
+def test_a_few_replicates_are_fitted_one_at_a_time_as_single_fits_are(setting):
+    mechanism, model, plan = setting
+    data = model.data()
+    seeds = np.random.SeedSequence(3).spawn(2)
+    few = mechanism.fit_replicates(model, [data] * 2, plan, seeds=seeds, progress=Progress(False))
+    single = [mechanism.fit(model, data, plan, seed=s, progress=Progress(False)) for s in seeds]
+    np.testing.assert_array_equal(_sums(few), _sums(single))
