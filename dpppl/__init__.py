@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dpppl.errors import (
     DPPPLError,
     InvalidDataError,
+    InvalidOptionError,
     InvalidPrivacyParameterError,
     ModelNotSupportedError,
     PluginError,
@@ -30,6 +31,7 @@ from dpppl.errors import (
 )
 from dpppl.events import NeighbourRelation
 from dpppl.hookspecs import hookimpl
+from dpppl.options import NON_NEGATIVE, POSITIVE, Interval
 
 if TYPE_CHECKING:
     from dpppl.accounting import Accountant
@@ -100,11 +102,15 @@ sys.modules[__name__].__class__ = _Package
 __all__ = [
     "Accountant",
     "DPPPLError",
+    "Interval",
     "InvalidDataError",
+    "InvalidOptionError",
     "InvalidPrivacyParameterError",
     "Mechanism",
     "ModelNotSupportedError",
+    "NON_NEGATIVE",
     "NeighbourRelation",
+    "POSITIVE",
     "PluginError",
     "PluginNotFoundError",
     "PrivacyBudgetExceededError",

@@ -25,6 +25,10 @@ class InvalidPrivacyParameterError(DPPPLError, ValueError):
     """ε, δ or another privacy setting is outside its valid range."""
 
 
+class InvalidOptionError(DPPPLError, ValueError):
+    """A mechanism or accountant option has a value its declaration does not allow."""
+
+
 class UnsupportedEventError(DPPPLError, ValueError):
     """An accountant cannot account the declared privacy event under the declared neighbour relation."""
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dpppl.events import NeighbourRelation, PrivacyEvent
+from dpppl.options import check_options
 
 if TYPE_CHECKING:
     # Annotations only: the plugin listing reads Mechanism subclasses without loading these.
@@ -116,7 +117,10 @@ class Mechanism(ABC):
     :meth:`plan` calibrates it with the accountant) or :meth:`plan` itself.
 
     Options are keyword arguments of ``dpppl.sample``; unknown ones are refused with the list of
-    valid ones.  Validate values in ``Options.__post_init__``: it runs before any budget is spent.
+    valid ones, and values are checked against the ``Options`` annotations (``Literal`` choices,
+    ``int``, ``float``, ``None`` where allowed, ranges given as ``Annotated[float, Interval(...)]``;
+    see :mod:`dpppl.options`) before any budget is spent.  Rules that tie options together go in
+    ``Options.__post_init__`` and raise :class:`~dpppl.InvalidOptionError`.
     """
 
     #: The name users pass as ``mechanism=``.
@@ -140,6 +144,7 @@ class Mechanism(ABC):
                 f"mechanism {self.name!r} has no option(s) {unknown}; its options are "
                 f"{sorted(valid) or 'none'}"
             )
+        check_options(self.name, self.Options, options)
         self.options = self.Options(**options)
 
     def settings(self) -> dict[str, Any]:

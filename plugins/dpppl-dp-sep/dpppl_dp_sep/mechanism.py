@@ -24,12 +24,20 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import xarray as xr
 
-from dpppl import Mechanism, PrivacyPlan, Release
+from dpppl import (
+    NON_NEGATIVE,
+    POSITIVE,
+    Interval,
+    InvalidOptionError,
+    Mechanism,
+    PrivacyPlan,
+    Release,
+)
 from dpppl.accounting import Accountant
 from dpppl.errors import ModelNotSupportedError
 from dpppl.events import (
@@ -42,7 +50,7 @@ from dpppl.events import (
 from dpppl.privacy import jax_key
 from dpppl.progress import Progress
 from dpppl.record_model import RecordModel
-from dpppl_dp_sep.families import FAMILIES, Natural
+from dpppl_dp_sep.families import Natural
 from dpppl_dp_sep.moments import GaussHermite, MonteCarlo, NodeRule, Spherical
 from dpppl_dp_sep.prior import prior_mode
 from dpppl_dp_sep.sep import SEPResult, SEPSettings, run_sep
@@ -118,55 +126,25 @@ class DPSEP(Mechanism):
 
     @dataclass(frozen=True)
     class Options:
-        passes: float = 20.0
-        batch_size: int = 1
-        damping: float = 1.0
-        clipping_bound: float = 1.0
+        passes: Annotated[float, POSITIVE] = 20.0
+        batch_size: Annotated[int, POSITIVE] = 1
+        damping: Annotated[float, POSITIVE] = 1.0
+        clipping_bound: Annotated[float, POSITIVE] = 1.0
         covariance: Literal["auto", "full", "diagonal"] = "auto"
         moment_matching: Literal["auto", "cubature", "spherical", "monte-carlo"] = "auto"
-        cubature_order: int = 8
-        mc_draws: int = 32
-        average_last: float = 0.5
-        precision_floor: float = 1.0
-        init_jitter: float = 0.1
-        noise_floor: float = 1.0
-        draws: int = 1000
-        chains: int = 4
+        cubature_order: Annotated[int, POSITIVE] = 8
+        mc_draws: Annotated[int, POSITIVE] = 32
+        average_last: Annotated[float, Interval(0, 1, high_open=True)] = 0.5
+        precision_floor: Annotated[float, POSITIVE] = 1.0
+        init_jitter: Annotated[float, NON_NEGATIVE] = 0.1
+        noise_floor: Annotated[float, NON_NEGATIVE] = 1.0
+        draws: Annotated[int, POSITIVE] = 1000
+        chains: Annotated[int, POSITIVE] = 4
 
         def __post_init__(self) -> None:
-            for name in ("batch_size", "cubature_order", "mc_draws", "draws", "chains"):
-                value = getattr(self, name)
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ValueError(f"dp-sep option {name} must be a positive integer, got {value!r}")
             if self.mc_draws % 2:
-                raise ValueError(
+                raise InvalidOptionError(
                     f"dp-sep option mc_draws must be even (antithetic pairs), got {self.mc_draws}"
-                )
-            for name in ("passes", "damping", "clipping_bound", "precision_floor"):
-                value = getattr(self, name)
-                if isinstance(value, bool) or not (math.isfinite(value) and value > 0):
-                    raise ValueError(
-                        f"dp-sep option {name} must be a positive finite number, got {value!r}"
-                    )
-            if not 0 <= self.average_last < 1:
-                raise ValueError(
-                    f"dp-sep option average_last must be in [0, 1), got {self.average_last!r}"
-                )
-            for name in ("init_jitter", "noise_floor"):
-                value = getattr(self, name)
-                if isinstance(value, bool) or not (math.isfinite(value) and value >= 0):
-                    raise ValueError(
-                        f"dp-sep option {name} must be a non-negative finite number, got {value!r}"
-                    )
-            if self.covariance not in ("auto", *FAMILIES):
-                raise ValueError(
-                    "dp-sep option covariance must be 'auto', 'full' or 'diagonal', got "
-                    f"{self.covariance!r}"
-                )
-            if self.moment_matching not in ("auto", *(r.name for r in NodeRule.__args__)):
-                raise ValueError(
-                    "dp-sep option moment_matching must be 'auto', 'cubature', 'spherical' or "
-                    f"'monte-carlo', got {self.moment_matching!r}"
                 )
 
     # -- schedule ---------------------------------------------------------------------------------

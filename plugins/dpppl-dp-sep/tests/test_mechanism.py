@@ -49,7 +49,7 @@ class TestOptions:
         ],
     )
     def test_invalid_values_are_refused_with_the_reason(self, options, message):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(dpppl.InvalidOptionError, match=message):
             DPSEP(**options)
 
     def test_auto_choices_follow_the_dimension(self):

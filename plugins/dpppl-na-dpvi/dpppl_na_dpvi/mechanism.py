@@ -10,13 +10,13 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import jax
 import numpy as np
 import xarray as xr
 
-from dpppl import Mechanism, PrivacyPlan, Release
+from dpppl import POSITIVE, Interval, InvalidOptionError, Mechanism, PrivacyPlan, Release
 from dpppl.accounting import Accountant
 from dpppl.errors import InvalidPrivacyParameterError
 from dpppl.events import NeighbourRelation, PrivacyEvent, poisson_subsampled_gaussian
@@ -116,18 +116,18 @@ class NADPVI(Mechanism):
 
     @dataclass(frozen=True)
     class Options:
-        steps: int = 10_000
-        sampling_rate: float = 0.1
-        mc_draws: int = 10
-        clipping_bound: float | None = None
-        preconditioning: float | None = None
-        learning_rate_scale: float | None = None
-        burn_in: float = 0.2
+        steps: Annotated[int, POSITIVE] = 10_000
+        sampling_rate: Annotated[float, Interval(0, 1, low_open=True)] = 0.1
+        mc_draws: Annotated[int, POSITIVE] = 10
+        clipping_bound: Annotated[float, POSITIVE] | None = None
+        preconditioning: Annotated[float, POSITIVE] | None = None
+        learning_rate_scale: Annotated[float, POSITIVE] | None = None
+        burn_in: Annotated[float, Interval(0, 1, high_open=True)] = 0.2
         posterior: Literal["noise-aware", "naive"] = "noise-aware"
         inference: Literal["nuts", "laplace"] = "nuts"
-        tune: int = 1000
-        draws: int = 4000
-        chains: int = 2
+        tune: Annotated[int, POSITIVE] = 1000
+        draws: Annotated[int, POSITIVE] = 4000
+        chains: Annotated[int, POSITIVE] = 2
         subsampling_noise: bool = False
         curvature_prior: Literal["structural", "trace"] = "structural"
         curvature: Literal["auto", "full", "diagonal"] = "auto"
@@ -136,53 +136,8 @@ class NADPVI(Mechanism):
         relation: Literal["add_or_remove_one", "replace_one"] = "add_or_remove_one"
 
         def __post_init__(self) -> None:
-            for name in ("steps", "mc_draws", "tune", "draws", "chains"):
-                value = getattr(self, name)
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ValueError(f"na-dpvi option {name} must be a positive integer, got {value!r}")
-            if not 0 < self.sampling_rate <= 1:
-                raise ValueError(
-                    f"na-dpvi option sampling_rate must be in (0, 1], got {self.sampling_rate!r}"
-                )
-            for name in ("clipping_bound", "preconditioning", "learning_rate_scale"):
-                value = getattr(self, name)
-                if value is not None and not (math.isfinite(value) and value > 0):
-                    raise ValueError(f"na-dpvi option {name} must be positive, got {value!r}")
-            if not 0 <= self.burn_in < 1:
-                raise ValueError(f"na-dpvi option burn_in must be in [0, 1), got {self.burn_in!r}")
             if int(self.steps * (1 - self.burn_in)) < 10:
-                raise ValueError("na-dpvi needs at least 10 steps after the burn-in")
-            if self.posterior not in ("noise-aware", "naive"):
-                raise ValueError(
-                    f"na-dpvi option posterior must be 'noise-aware' or 'naive', got {self.posterior!r}"
-                )
-            if self.curvature_prior not in ("structural", "trace"):
-                raise ValueError(
-                    "na-dpvi option curvature_prior must be 'structural' or 'trace', got "
-                    f"{self.curvature_prior!r}"
-                )
-            if self.curvature not in ("auto", "full", "diagonal"):
-                raise ValueError(
-                    "na-dpvi option curvature must be 'auto', 'full' or 'diagonal', got "
-                    f"{self.curvature!r}"
-                )
-            if self.relation not in ("add_or_remove_one", "replace_one"):
-                raise ValueError(
-                    "na-dpvi option relation must be 'add_or_remove_one' or 'replace_one', got "
-                    f"{self.relation!r}"
-                )
-            if self.optimum not in ("sampled", "integrated"):
-                raise ValueError(
-                    f"na-dpvi option optimum must be 'sampled' or 'integrated', got {self.optimum!r}"
-                )
-            if self.inference not in ("nuts", "laplace"):
-                raise ValueError(
-                    f"na-dpvi option inference must be 'nuts' or 'laplace', got {self.inference!r}"
-                )
-            if self.noise not in ("snapped", "float"):
-                raise ValueError(
-                    f"na-dpvi option noise must be 'snapped' or 'float', got {self.noise!r}"
-                )
+                raise InvalidOptionError("na-dpvi needs at least 10 steps after the burn-in")
 
     #: The model's number of parameters, recorded by :meth:`check_model` for :meth:`plan`.
     _n_params: int | None = None

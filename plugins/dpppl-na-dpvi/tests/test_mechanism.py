@@ -167,15 +167,19 @@ def test_a_second_fit_of_the_same_model_compiles_nothing(model):
     ("options", "message"),
     [
         ({"steps": 0}, "steps must be a positive integer"),
+        ({"steps": 2.5}, "steps must be a positive integer"),
+        ({"steps": True}, "steps must be a positive integer"),
         ({"sampling_rate": 1.5}, r"sampling_rate must be in \(0, 1\]"),
-        ({"clipping_bound": -1.0}, "clipping_bound must be positive"),
+        ({"clipping_bound": -1.0}, "clipping_bound must be a positive finite number or None"),
+        ({"clipping_bound": math.inf}, "clipping_bound must be a positive finite number"),
         ({"burn_in": 1.0}, r"burn_in must be in \[0, 1\)"),
-        ({"posterior": "exact"}, "posterior must be 'noise-aware' or 'naive'"),
-        ({"inference": "vi"}, "inference must be 'nuts' or 'laplace'"),
+        ({"posterior": "exact"}, "posterior must be one of 'noise-aware', 'naive'"),
+        ({"inference": "vi"}, "inference must be one of 'nuts', 'laplace'"),
+        ({"steps": 10, "burn_in": 0.5}, "at least 10 steps after the burn-in"),
     ],
 )
 def test_invalid_options_are_refused_before_anything_runs(options, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(dpppl.InvalidOptionError, match=message):
         get_mechanism("na-dpvi")(**options)
 
 

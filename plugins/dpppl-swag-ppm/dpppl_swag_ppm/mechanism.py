@@ -12,11 +12,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 
-from dpppl import Mechanism, NeighbourRelation, PrivacyPlan, RecordModel, Release
+from dpppl import (
+    NON_NEGATIVE,
+    POSITIVE,
+    Interval,
+    InvalidOptionError,
+    Mechanism,
+    NeighbourRelation,
+    PrivacyPlan,
+    RecordModel,
+    Release,
+)
 from dpppl.accounting import Accountant
 from dpppl.privacy import jax_key
 from dpppl.progress import Progress
@@ -43,26 +53,6 @@ _DELTA_NOTE = (
     "not quantified: delta -> 0 as O(n^-1/2) (Savitsky et al. 2022; SWAG-PPM Appendix C); "
     "dp_delta is NaN and the requested delta is not guaranteed"
 )
-_PRECONDITIONERS = ("auto", "dense", "diagonal")
-
-
-def _integer(name: str, value: Any, minimum: int = 1, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{name} must be {kind}, got {value!r}")
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-
-
-def _positive_float(name: str, value: Any) -> None:
-    if not _number(value) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-
-
 class SwagPPM(Mechanism):
     """SWAG pseudo posterior mechanism (SWAG-PPM).
 
@@ -142,59 +132,37 @@ class SwagPPM(Mechanism):
             released.
         """
 
-        draws: int = 10
-        risk_draws: int = 500
-        rank: int = 20
-        scale: float = DEFAULT_SCALE
-        var_floor: float = DEFAULT_VAR_FLOOR
-        batch_size: int | None = None
-        warmup_epochs: int | None = None
-        warmup_lr: float = 0.05
-        burn_in_epochs: int = 5
-        swag_epochs: int = 50
-        collect_every: int | None = None
-        preconditioner: str = "auto"
-        weight_scale: float = 1.0
+        draws: Annotated[int, POSITIVE] = 10
+        risk_draws: Annotated[int, POSITIVE] = 500
+        rank: Annotated[int, POSITIVE] = 20
+        scale: Annotated[float, POSITIVE] = DEFAULT_SCALE
+        var_floor: Annotated[float, NON_NEGATIVE] = DEFAULT_VAR_FLOOR
+        batch_size: Annotated[int, POSITIVE] | None = None
+        warmup_epochs: Annotated[int, POSITIVE] | None = None
+        warmup_lr: Annotated[float, POSITIVE] = 0.05
+        burn_in_epochs: Annotated[int, NON_NEGATIVE] = 5
+        swag_epochs: Annotated[int, POSITIVE] = 50
+        collect_every: Annotated[int, POSITIVE] | None = None
+        preconditioner: Literal["auto", "dense", "diagonal"] = "auto"
+        weight_scale: Annotated[float, POSITIVE] = 1.0
         weight_shift: float = 0.0
         reweight: bool = False
-        reweight_k: float = 0.95
-        calibration_tolerance: float = 0.15
-        max_calibration_rounds: int = 8
+        reweight_k: Annotated[float, Interval(0, 1, low_open=True, high_open=True)] = 0.95
+        calibration_tolerance: Annotated[
+            float, Interval(0, 1, low_open=True, high_open=True)
+        ] = 0.15
+        max_calibration_rounds: Annotated[int, POSITIVE] = 8
 
         def __post_init__(self) -> None:
-            for name in ("draws", "risk_draws", "rank", "swag_epochs", "max_calibration_rounds"):
-                _integer(name, getattr(self, name))
-            for name in ("batch_size", "warmup_epochs", "collect_every"):
-                _integer(name, getattr(self, name), allow_none=True)
-            _integer("burn_in_epochs", self.burn_in_epochs, minimum=0)
             if self.risk_draws < self.draws:
-                raise ValueError(
+                raise InvalidOptionError(
                     f"risk_draws ({self.risk_draws}) must be at least draws ({self.draws}): the "
                     "released draws are among those the sensitivity is computed over"
                 )
-            for name in ("scale", "warmup_lr", "weight_scale"):
-                _positive_float(name, getattr(self, name))
-            if not _number(self.var_floor) or not 0 <= self.var_floor < math.inf:
-                raise ValueError(f"var_floor must be a finite number >= 0, got {self.var_floor!r}")
-            if not _number(self.weight_shift) or not math.isfinite(self.weight_shift):
-                raise ValueError(f"weight_shift must be a finite number, got {self.weight_shift!r}")
             if self.weight_scale + self.weight_shift <= 0:
-                raise ValueError(
+                raise InvalidOptionError(
                     "weight_scale + weight_shift must be positive, or every record gets weight 0"
                 )
-            if not 0 < self.reweight_k < 1:
-                raise ValueError(f"reweight_k must lie in (0, 1), got {self.reweight_k!r}")
-            if not 0 < self.calibration_tolerance < 1:
-                raise ValueError(
-                    f"calibration_tolerance must lie in (0, 1), got {self.calibration_tolerance!r}"
-                )
-            if self.preconditioner not in _PRECONDITIONERS:
-                raise ValueError(
-                    f"preconditioner must be one of {list(_PRECONDITIONERS)}, got "
-                    f"{self.preconditioner!r}"
-                )
-            if not isinstance(self.reweight, bool):
-                raise ValueError(f"reweight must be True or False, got {self.reweight!r}")
 
     def schedule(self, n_records: int, n_params: int) -> Schedule:
         """The SGD schedule for N = ``n_records`` records and P = ``n_params`` parameters.

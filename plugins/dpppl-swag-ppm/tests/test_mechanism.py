@@ -42,7 +42,7 @@ class TestOptions:
             ({"rank": 2.5}, "rank must be a positive integer"),
             ({"scale": -0.5}, "scale must be a positive"),
             ({"var_floor": -1.0}, "var_floor"),
-            ({"reweight_k": 1.0}, "reweight_k must lie in"),
+            ({"reweight_k": 1.0}, r"reweight_k must be in \(0, 1\)"),
             ({"weight_scale": 0.5, "weight_shift": -0.5}, "every record gets weight 0"),
             ({"preconditioner": "full"}, "preconditioner must be one of"),
             ({"burn_in_epochs": -1}, "burn_in_epochs"),
@@ -50,7 +50,7 @@ class TestOptions:
         ],
     )
     def test_invalid_values_are_refused_with_the_reason(self, options, message):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(dpppl.InvalidOptionError, match=message):
             SwagPPM(**options)
 
     def test_unknown_options_are_refused(self):

@@ -14,13 +14,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpppl import Mechanism, ModelNotSupportedError, PrivacyPlan, RecordModel, Release
+from dpppl import (
+    POSITIVE,
+    Interval,
+    Mechanism,
+    ModelNotSupportedError,
+    PrivacyPlan,
+    RecordModel,
+    Release,
+)
 from dpppl.events import GaussianEvent, PrivacyEvent
 from dpppl.progress import Progress
 
@@ -46,16 +54,10 @@ class NoisyMean(Mechanism):
             Posterior draws released.
         """
 
-        bound: float = 10.0
-        draws: int = 1000
-
-        def __post_init__(self) -> None:
-            # Runs before any privacy budget is spent: refuse bad values here.
-            if not (isinstance(self.bound, (int, float)) and math.isfinite(self.bound)
-                    and self.bound > 0):
-                raise ValueError(f"noisy-mean option bound must be positive, got {self.bound!r}")
-            if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 2:
-                raise ValueError(f"noisy-mean option draws must be an integer >= 2, got {self.draws!r}")
+        # dpppl checks every value against these annotations before any privacy budget is
+        # spent; rules that tie options together go in __post_init__ (raise InvalidOptionError).
+        bound: Annotated[float, POSITIVE] = 10.0
+        draws: Annotated[int, Interval(2)] = 1000
 
     def check_model(self, model: RecordModel) -> None:
         """Refuse, before any budget is spent, models other than ``y ~ Normal(mu, 1)``."""

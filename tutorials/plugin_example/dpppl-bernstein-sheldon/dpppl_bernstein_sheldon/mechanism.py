@@ -19,7 +19,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,7 @@ import numpy as np
 import xarray as xr
 from scipy import optimize, stats
 
-from dpppl import Mechanism, NeighbourRelation, PrivacyPlan, RecordModel, Release
+from dpppl import POSITIVE, Mechanism, NeighbourRelation, PrivacyPlan, RecordModel, Release
 from dpppl.events import GaussianEvent, PrivacyEvent
 from dpppl.progress import Progress
 from dpppl_bernstein_sheldon.families import Family, family_of
@@ -40,11 +40,6 @@ PROPOSAL_WIDENING = 1.5
 #: A fit whose importance weights have an effective sample size below this fraction of the
 #: released draws warns: its draws repeat a few proposals.
 MIN_ESS_FRACTION = 0.25
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"bernstein_sheldon option {name} must be a positive integer, got {value!r}")
 
 
 class BernsteinSheldon(Mechanism):
@@ -80,18 +75,9 @@ class BernsteinSheldon(Mechanism):
             Importance proposals per released draw.
         """
 
-        bound: float = 5.0
-        draws: int = 1000
-        oversampling: int = 20
-
-        def __post_init__(self) -> None:
-            if not (isinstance(self.bound, (int, float)) and math.isfinite(self.bound)
-                    and self.bound > 0):
-                raise ValueError(
-                    f"bernstein_sheldon option bound must be a positive number, got {self.bound!r}"
-                )
-            _positive_int("draws", self.draws)
-            _positive_int("oversampling", self.oversampling)
+        bound: Annotated[float, POSITIVE] = 5.0
+        draws: Annotated[int, POSITIVE] = 1000
+        oversampling: Annotated[int, POSITIVE] = 20
 
     # -- privacy (runs before the data are touched) -------------------------------------------
 
