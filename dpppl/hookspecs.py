@@ -30,10 +30,3 @@ def register_mechanisms(register: Callable[[type], None]) -> None:
 def register_accountants(register: Callable[[type], None]) -> None:
     """Register accountant classes: call ``register(cls)`` for each subclass of
     :class:`dpppl.Accountant` the plugin provides."""
-
-
-@hookspec
-def register_diagnostics(register: Callable[[str, Callable], None]) -> None:
-    """Register diagnostics: call ``register(name, function)`` where ``function(result, **options)``
-    returns an ``xarray.Dataset`` computed from a result's public content only.  Registered
-    diagnostics can be added to a result with :func:`dpppl.diagnose`."""

@@ -37,11 +37,10 @@ GROUP = "dpppl"
 
 @dataclass
 class Registry:
-    """Mechanisms, accountants and diagnostics provided by the loaded plugins, by name."""
+    """Mechanisms and accountants provided by the loaded plugins, by name."""
 
     mechanisms: dict[str, type[Mechanism]] = field(default_factory=dict)
     accountants: dict[str, type[Accountant]] = field(default_factory=dict)
-    diagnostics: dict[str, Callable] = field(default_factory=dict)
     providers: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
@@ -142,14 +141,6 @@ def registry() -> Registry:
     hook.register_accountants(
         register=_registering(result, "accountant", Accountant, distributions)
     )
-
-    def register_diagnostic(name: str, function: Callable) -> None:
-        if name in result.diagnostics and result.diagnostics[name] is not function:
-            raise PluginError(f"diagnostic {name!r} is registered twice")
-        result.diagnostics[name] = function
-        result.providers[("diagnostic", name)] = _provider(function, distributions)
-
-    hook.register_diagnostics(register=register_diagnostic)
     _registry = result
     return result
 

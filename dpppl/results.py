@@ -8,7 +8,6 @@ other per-record group.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
 from datetime import UTC, datetime
@@ -19,6 +18,7 @@ import jax
 import numpy as np
 import xarray as xr
 
+from dpppl import __version__
 from dpppl.errors import PluginError
 from dpppl.mechanism import PrivacyPlan, Release
 from dpppl.record_model import RecordModel
@@ -73,13 +73,6 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def privacy_attrs(
     plan: PrivacyPlan,
     release: Release,
@@ -115,7 +108,7 @@ def privacy_attrs(
         # The seed itself is never stored: whoever knows it can regenerate and remove the noise.
         "dp_seeded": int(seeded),
         "dp_plugins": _json(providers),
-        "dpppl_version": _version("dpppl"),
+        "dpppl_version": __version__,
         "inference_library": "dpppl",
         "created_at": datetime.now(UTC).isoformat(),
     }

@@ -43,6 +43,7 @@ import xarray as xr
 from matplotlib.figure import Figure
 from numpy.typing import ArrayLike
 
+from dpppl import __version__
 from dpppl.accounting import check_epsilon_delta
 from dpppl.diagnostics import (
     plot_coverage,
@@ -58,7 +59,6 @@ from dpppl.plugins import get_mechanism
 from dpppl.progress import Progress
 from dpppl.record_model import RecordModel, record_model
 from dpppl.records import without_records
-from dpppl.results import _version
 from dpppl.sampling import plan_fit
 from dpppl.simulation import Simulator, simulator
 
@@ -604,7 +604,7 @@ def _study_attrs(
         "seed_spawn_key": json.dumps(list(seed.spawn_key)),
         "seeded": int(seeded),
         "fits_with_warnings": int(fits_with_warnings),
-        "dpppl_version": _version("dpppl"),
+        "dpppl_version": __version__,
     }
     if plan.noise_multiplier is not None:
         attrs["noise_multiplier"] = float(plan.noise_multiplier)

@@ -24,12 +24,12 @@ from dpppl.events import (
 )
 from dpppl.plugins import get_accountant
 from dpppl.testing.checks import (
-    _ORDER_RTOL,
+    ORDER_RTOL,
     Check,
     ConformanceError,
     ConformanceReport,
-    _describe,
-    _run_all,
+    describe,
+    run_all,
 )
 
 #: The check on the exact Gaussian bound allows this much round-off below the truth.
@@ -144,7 +144,7 @@ class _AccountantHarness:
                         "refusal of unsupported events",
                         expected="check() to return None or raise UnsupportedEventError",
                         happened=f"for {family} under {relation.value} it raised "
-                        f"{_describe(error)}",
+                        f"{describe(error)}",
                         fix="raise dpppl.UnsupportedEventError with the reason",
                     ) from error
                 pairs.append((family, relation))
@@ -164,7 +164,7 @@ class _AccountantHarness:
             raise self.fail(
                 "epsilon",
                 expected=f"epsilon() of a supported event ({what})",
-                happened=f"it raised {_describe(error)}",
+                happened=f"it raised {describe(error)}",
                 fix="account every event check() accepts",
             ) from error
         if not (math.isfinite(eps) and eps >= 0):
@@ -193,7 +193,7 @@ class _AccountantHarness:
                 zip(self.sigmas[1:], values[1:], strict=True),
                 strict=False,
             ):
-                if e2 > e1 * (1 + _ORDER_RTOL):
+                if e2 > e1 * (1 + ORDER_RTOL):
                     raise self.fail(
                         "epsilon monotone in sigma",
                         expected=f"epsilon at sigma={s2:g} <= epsilon at sigma={s1:g} "
@@ -242,13 +242,13 @@ class _AccountantHarness:
                         "calibration",
                         expected=f"a noise multiplier for epsilon={target:g} ({family}, "
                         f"{relation.value})",
-                        happened=f"noise_multiplier() raised {_describe(error)}",
+                        happened=f"noise_multiplier() raised {describe(error)}",
                         fix="keep the default noise_multiplier (dpppl.calibrate_noise_multiplier)"
                         " or make yours handle this event",
                     ) from error
                 eps = self.epsilon(event_for(sigma), relation, f"{family}, sigma={sigma:g}")
                 low = (1 - CALIBRATION_RTOL) * target
-                if eps > target * (1 + _ORDER_RTOL):
+                if eps > target * (1 + ORDER_RTOL):
                     raise self.fail(
                         "calibration",
                         expected=f"epsilon <= the target {target:g} at the calibrated sigma "
@@ -313,7 +313,7 @@ class _AccountantHarness:
             for event, floor, what, than in checks:
                 eps = self.epsilon(event, relation, f"{family}: {what}")
                 floor = previous if floor is None else floor
-                if eps < floor * (1 - _ORDER_RTOL):
+                if eps < floor * (1 - ORDER_RTOL):
                     raise self.fail(
                         "composition",
                         expected=f"epsilon of {what} >= epsilon of {than} ({family}, "
@@ -339,11 +339,11 @@ class _AccountantHarness:
                 raise self.fail(
                     "delta",
                     expected=f"delta() of a supported event ({family}, {relation.value})",
-                    happened=f"it raised {_describe(error)}",
+                    happened=f"it raised {describe(error)}",
                     fix="account every event check() accepts",
                 ) from error
             at_eps0 = deltas[grid.index(eps0)]
-            ordered = all(d2 <= d1 * (1 + _ORDER_RTOL) for d1, d2 in zip(deltas, deltas[1:]))
+            ordered = all(d2 <= d1 * (1 + ORDER_RTOL) for d1, d2 in zip(deltas, deltas[1:]))
             if not (all(0 <= d <= 1 for d in deltas) and ordered):
                 raise self.fail(
                     "delta",
@@ -381,7 +381,7 @@ class _AccountantHarness:
                 raise self.fail(
                     "refusal of unsupported events",
                     expected=f"{what} of an unknown event kind to raise UnsupportedEventError",
-                    happened=f"it raised {_describe(error)}",
+                    happened=f"it raised {describe(error)}",
                     fix="check the event's type and raise dpppl.UnsupportedEventError saying "
                     "which kinds you account",
                 ) from error
@@ -401,7 +401,7 @@ class _AccountantHarness:
                 raise self.fail(
                     "refusal of unsupported events",
                     expected=f"delta={bad} refused with InvalidPrivacyParameterError",
-                    happened=f"it raised {_describe(error)}",
+                    happened=f"it raised {describe(error)}",
                     fix="validate delta (dpppl.accounting.check_epsilon_delta)",
                 ) from error
             raise self.fail(
@@ -495,4 +495,4 @@ def check_accountant(
         targets=targets,
     )
     name = name_or_class if isinstance(name_or_class, str) else name_or_class.name
-    return _run_all(name, checks)
+    return run_all(name, checks)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 #: Relative slack when comparing two accountant answers that must be ordered.
-_ORDER_RTOL = 1e-9
+ORDER_RTOL = 1e-9
 
 
 class ConformanceError(AssertionError):
@@ -65,7 +65,7 @@ class ConformanceReport:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def _run_all(plugin: str, checks: Sequence[Check]) -> ConformanceReport:
+def run_all(plugin: str, checks: Sequence[Check]) -> ConformanceReport:
     report = ConformanceReport(plugin)
     for check in checks:
         reason = check()
@@ -76,5 +76,5 @@ def _run_all(plugin: str, checks: Sequence[Check]) -> ConformanceReport:
     return report
 
 
-def _describe(error: BaseException) -> str:
+def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"

@@ -1,5 +1,5 @@
 """The search for private data in a result: :func:`find_leaks` looks for the records' values and
-their aggregates everywhere outside the released posterior, and :func:`_capture` collects the
+their aggregates everywhere outside the released posterior, and :func:`capture` collects the
 warnings, log records and printed output of a fit for it to search.  :func:`find_in_bytes` looks
 for them in any bytes, e.g. what is pickled for another process."""
 
@@ -25,7 +25,7 @@ _TEXT_DIGITS = 8
 
 
 @dataclass
-class _Captured:
+class Captured:
     """Warnings, log records and printed output of a block, as text."""
 
     warnings: list[str] = field(default_factory=list)
@@ -52,9 +52,9 @@ class _ListHandler(logging.Handler):
 
 
 @contextlib.contextmanager
-def _capture() -> Iterator[_Captured]:
+def capture() -> Iterator[Captured]:
     """Collect the warnings, log records (INFO and above) and printed output of the block."""
-    captured = _Captured()
+    captured = Captured()
     out, err = io.StringIO(), io.StringIO()
     handler = _ListHandler(captured.logs)
     root = logging.getLogger()
@@ -87,7 +87,7 @@ _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 
 @dataclass
-class _Sentinels:
+class Sentinels:
     """Private values to look for: the records' distinctive float values and their aggregates.
 
     The example models' float records are random float64 values, so each one is a sentinel: no
@@ -100,7 +100,7 @@ class _Sentinels:
     labels: list[str]
 
     @classmethod
-    def of(cls, data: Mapping[str, np.ndarray]) -> _Sentinels:
+    def of(cls, data: Mapping[str, np.ndarray]) -> Sentinels:
         values: list[float] = []
         labels: list[str] = []
         for name, array in data.items():
@@ -173,7 +173,7 @@ class _Sentinels:
         return found
 
 
-def _walk_attr(value: Any, sentinels: _Sentinels) -> list[str]:
+def _walk_attr(value: Any, sentinels: Sentinels) -> list[str]:
     if isinstance(value, str):
         try:
             parsed = json.loads(value)
@@ -205,7 +205,7 @@ def find_leaks(
     """Where private values of ``data`` appear in a result, outside its released posterior.
 
     Looks for every distinctive float value of the records and their aggregates (see
-    :class:`_Sentinels`) in: the attributes of every group and variable (numbers, JSON and
+    :class:`Sentinels`) in: the attributes of every group and variable (numbers, JSON and
     numbers written in text with at least 8 significant digits); the values and coordinates of
     every group but ``posterior`` (to 1e-9 relative); the netCDF bytes (exact float64, either
     byte order); and ``texts`` (warnings, log records, printed output).
@@ -215,7 +215,7 @@ def find_leaks(
     list of str
         One line per place a private value was found; empty when none was.
     """
-    sentinels = _Sentinels.of(data)
+    sentinels = Sentinels.of(data)
     if not sentinels:
         return []
     found: list[str] = []
@@ -245,7 +245,7 @@ def find_in_bytes(blob: bytes, data: Mapping[str, np.ndarray]) -> list[str]:
     """Where private values of ``data`` appear in ``blob`` (a pickle sent to a worker, a file).
 
     Looks for every distinctive float value of the records and their aggregates (see
-    :class:`_Sentinels`) as float64, in either byte order.  Integer records are not searched:
+    :class:`Sentinels`) as float64, in either byte order.  Integer records are not searched:
     small integers occur everywhere.
 
     Returns
@@ -253,4 +253,4 @@ def find_in_bytes(blob: bytes, data: Mapping[str, np.ndarray]) -> list[str]:
     list of str
         One line per private value found; empty when none was.
     """
-    return _Sentinels.of(data).in_bytes(blob)
+    return Sentinels.of(data).in_bytes(blob)

@@ -35,16 +35,16 @@ from dpppl.plugins import get_accountant, get_mechanism, provider, registry
 from dpppl.record_model import RecordModel, record_model
 from dpppl.results import FORBIDDEN_GROUPS
 from dpppl.testing.checks import (
-    _ORDER_RTOL,
+    ORDER_RTOL,
     Check,
     ConformanceError,
     ConformanceReport,
-    _describe,
-    _run_all,
+    describe,
+    run_all,
 )
-from dpppl.testing.leaks import _capture, _Captured, _Sentinels, find_leaks
+from dpppl.testing.leaks import Captured, Sentinels, capture, find_leaks
 from dpppl.testing.models import gamma_exponential_data
-from dpppl.testing.noise_audit import _check_declared_noise
+from dpppl.testing.noise_audit import check_declared_noise
 
 
 @dataclass
@@ -52,7 +52,7 @@ class _Fit:
     """One run of ``dpppl.sample`` and what it said."""
 
     result: xr.DataTree
-    captured: _Captured
+    captured: Captured
 
 
 @contextlib.contextmanager
@@ -76,7 +76,7 @@ def _counting_fits(cls: type[Mechanism]) -> Iterator[list[int]]:
             cls.fit = original
 
 
-class _MechanismHarness:
+class MechanismHarness:
     """Shared state of one mechanism's checks: the model, the plan and one fit, built once."""
 
     def __init__(
@@ -151,7 +151,7 @@ class _MechanismHarness:
             raise self.fail(
                 "options",
                 expected=f"the options {self.options} to be accepted",
-                happened=f"the constructor raised {_describe(error)}",
+                happened=f"the constructor raised {describe(error)}",
                 fix="pass options the mechanism has (its Options dataclass), valid values only",
             ) from error
 
@@ -206,7 +206,7 @@ class _MechanismHarness:
     def sample(self, seed: int, ledger: PrivacyLedger | None = None, model=None) -> _Fit:
         import dpppl
 
-        with _capture() as captured:
+        with capture() as captured:
             try:
                 result = dpppl.sample(
                     model or self.model,
@@ -234,7 +234,7 @@ class _MechanismHarness:
                 raise self.fail(
                     "fit",
                     expected="dpppl.sample to run the mechanism on the suite's model",
-                    happened=f"it raised {_describe(error)}",
+                    happened=f"it raised {describe(error)}",
                     fix="fix the exception; if the model is not supported, raise "
                     "ModelNotSupportedError from check_model() and pass model= a supported one",
                 ) from error
@@ -312,7 +312,7 @@ class _MechanismHarness:
                 )
             return f"guarantee of another kind ({plan.guarantee!r}): no event to account"
         target = self.epsilon
-        if not (1 - CALIBRATION_RTOL) * target <= plan.epsilon <= target * (1 + _ORDER_RTOL):
+        if not (1 - CALIBRATION_RTOL) * target <= plan.epsilon <= target * (1 + ORDER_RTOL):
             raise self.fail(
                 "declared privacy event",
                 expected=f"a planned epsilon in [{(1 - CALIBRATION_RTOL) * target:.6g}, "
@@ -467,7 +467,7 @@ class _MechanismHarness:
                 fix="keep the plan's event fixed between plan() and fit(); report corrections "
                 "in Release.privacy only",
             )
-        if self.accounted and float(attrs["dp_epsilon"]) > self.epsilon * (1 + _ORDER_RTOL):
+        if self.accounted and float(attrs["dp_epsilon"]) > self.epsilon * (1 + ORDER_RTOL):
             raise self.fail(
                 "result layout",
                 expected=f"dp_epsilon at most the requested {self.epsilon}",
@@ -495,7 +495,7 @@ class _MechanismHarness:
                 raise self.fail(
                     "result layout",
                     expected="the result to survive to_netcdf and open_datatree",
-                    happened=f"it raised {_describe(error)}",
+                    happened=f"it raised {describe(error)}",
                     fix="keep group values numeric or string arrays and attributes JSON-like "
                     "(str, int, float): put structured values in Release.attrs, which the core "
                     "serialises",
@@ -515,7 +515,7 @@ class _MechanismHarness:
             raise self.fail(
                 "result layout",
                 expected="arviz.summary to read the result",
-                happened=f"it raised {_describe(error)}",
+                happened=f"it raised {describe(error)}",
                 fix="release draws shaped (chain, draw, n_params) with at least 2 draws",
             ) from error
 
@@ -525,7 +525,7 @@ class _MechanismHarness:
         bytes, and the warnings, log records and output of the fit (see :func:`find_leaks`)."""
         fit, _ = self.first
         data = self.compiled.data()
-        if not _Sentinels.of(data):
+        if not Sentinels.of(data):
             return (
                 "the model's records hold no distinctive float values to look for; pass "
                 "model= a builder with float records (e.g. dpppl.testing.gamma_exponential_data)"
@@ -666,7 +666,7 @@ class _MechanismHarness:
             raise self.fail(
                 "bad input refused before budget is spent",
                 expected=f"{what} refused with {' or '.join(e.__name__ for e in errors)}",
-                happened=f"it raised {_describe(error)}",
+                happened=f"it raised {describe(error)}",
                 fix="let the core's checks refuse it: do not catch or replace its errors",
             ) from error
         else:
@@ -712,7 +712,7 @@ class _MechanismHarness:
                 "TARP smoke run",
                 expected=f"dpppl.tarp to fit the mechanism on {self.tarp_simulations} simulated "
                 "data sets",
-                happened=f"it raised {_describe(error)}",
+                happened=f"it raised {describe(error)}",
                 fix="fit() must work on any data set of the model's shape, given as the `data` "
                 "argument (never read model.data() inside fit), and its Release must be "
                 "picklable settings-wise",
@@ -785,7 +785,7 @@ def mechanism_checks(
 
     Parameters are those of :func:`check_mechanism`.
     """
-    h = _MechanismHarness(
+    h = MechanismHarness(
         name_or_class,
         options=options,
         model=model,
@@ -804,7 +804,7 @@ def mechanism_checks(
         Check("no leak of private data", h.check_no_leak),
         Check("seeds respected", h.check_seeds),
         Check("bad input refused before budget is spent", h.check_refusals),
-        Check("declared noise", partial(_check_declared_noise, h)),
+        Check("declared noise", partial(check_declared_noise, h)),
         Check("TARP smoke run", h.check_tarp),
     ]
 
@@ -902,4 +902,4 @@ def check_mechanism(
         random_seed=random_seed,
     )
     name = name_or_class if isinstance(name_or_class, str) else name_or_class.name
-    return _run_all(name, checks)
+    return run_all(name, checks)

@@ -16,7 +16,7 @@ from dpppl.events import NeighbourRelation
 from dpppl.record_model import RecordModel
 
 if TYPE_CHECKING:
-    from dpppl.testing.mechanism_suite import _MechanismHarness
+    from dpppl.testing.mechanism_suite import MechanismHarness
 
 #: Confidence level of the statistical checks: a correct plugin fails one with probability at most
 #: this (for a fixed ``random_seed`` the outcome is reproducible).
@@ -94,7 +94,7 @@ def _neighbour(data: Mapping[str, np.ndarray], model: RecordModel) -> tuple[dict
     return neighbour, f"record {low} (the smallest) replaced by {how}"
 
 
-def _check_declared_noise(h: _MechanismHarness) -> str | None:
+def check_declared_noise(h: MechanismHarness) -> str | None:
     """The release is no more distinguishable between two neighbouring data sets than the
     declared guarantee allows.
 

@@ -78,7 +78,7 @@ def composed_prv(
         # Theorem 5.5 of Gopi et al., the mesh PRVAccountant uses, and its grid and truncation.
         mesh = eps_error / math.sqrt(sum(counts) / 2 * math.log(12 / delta_error))
         domain = Domain.create_aligned(-half_width, half_width, mesh)
-        size = _fast_even_length(len(domain))
+        size = fast_even_length(len(domain))
         if size > MAX_GRID_POINTS:
             raise UnsupportedEventError(
                 f"the prv accountant would need a grid of {size:,} points for this event at "
@@ -160,7 +160,7 @@ def _prvs(composition: Composition) -> tuple[list[PrivacyRandomVariable], list[i
     return prvs, counts
 
 
-def _fast_even_length(n: int) -> int:
+def fast_even_length(n: int) -> int:
     """The smallest even length ≥ n whose real FFT is fast (only small prime factors)."""
     n = scipy.fft.next_fast_len(n, real=True)
     while n % 2:

@@ -17,9 +17,9 @@ from dpppl.events import GaussianEvent, NeighbourRelation, SelfComposedEvent
 from dpppl.events import poisson_subsampled_gaussian as dp_sgd
 from dpppl_prv.bounds import (
     SinglePassCellCentred,
-    _fast_even_length,
     delta_upper_bound,
     epsilon_bounds,
+    fast_even_length,
 )
 from dpppl_prv.composition import composition_of
 
@@ -105,7 +105,7 @@ def test_single_pass_discretisation_gives_the_libraries_masses_and_shift():
 
 @pytest.mark.parametrize("n", [2, 7, 2_196_154, 1_000_001])
 def test_grid_lengths_are_even_fast_and_no_shorter(n):
-    length = _fast_even_length(n)
+    length = fast_even_length(n)
     assert length >= n and length % 2 == 0
     for prime in (2, 3, 5, 7, 11):
         while length % prime == 0:
