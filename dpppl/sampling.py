@@ -9,96 +9,13 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from dpppl.accounting import Accountant, check_epsilon_delta
-from dpppl.errors import (
-    InvalidPrivacyParameterError,
-    PluginError,
-    PluginNotFoundError,
-    PrivacyWarning,
-)
+from dpppl.accounting import check_epsilon_delta
+from dpppl.engine import plan_fit, run_mechanism
 from dpppl.ledger import PrivacyLedger
-from dpppl.mechanism import APPROXIMATE_DP, Mechanism, PrivacyPlan, Release
-from dpppl.plugins import get_accountant, get_mechanism, provider, registry
-from dpppl.progress import Progress
+from dpppl.plugins import get_mechanism, provider
 from dpppl.record_model import RecordModel, record_model
 from dpppl.results import build_result, privacy_attrs
-
-#: Slack for floating-point round-off when checking a plan against its target.
-_EPSILON_SLACK = 1e-9
-
-
-def choose_accountant(mechanism: Mechanism, name: str | None) -> Accountant | None:
-    """The accountant named by the user, or the mechanism's first preferred one installed; None
-    for a mechanism that uses no accountant (its guarantee is of another kind)."""
-    if not mechanism.preferred_accountants:
-        if name is not None:
-            raise InvalidPrivacyParameterError(
-                f"mechanism {mechanism.name!r} uses no accountant (its guarantee is of another "
-                f"kind), so accountant={name!r} would be ignored; leave it out"
-            )
-        return None
-    if name is not None:
-        return get_accountant(name)()
-    installed = registry().accountants
-    for preferred in mechanism.preferred_accountants:
-        if preferred in installed:
-            return installed[preferred]()
-    raise PluginNotFoundError(
-        f"mechanism {mechanism.name!r} needs one of the accountants "
-        f"{list(mechanism.preferred_accountants)}, and none is installed; installed: "
-        f"{sorted(installed) or 'none'}"
-    )
-
-
-def plan_fit(
-    mechanism: Mechanism,
-    model: RecordModel,
-    *,
-    epsilon: float,
-    delta: float,
-    accountant: str | None = None,
-) -> tuple[PrivacyPlan, Accountant | None]:
-    """Check the model and calibrate the mechanism, touching nothing but public metadata."""
-    epsilon, delta = check_epsilon_delta(epsilon, delta)
-    mechanism.check_model(model)
-    n_records = model.n_records
-    if delta >= 1 / n_records:
-        warnings.warn(
-            f"delta={delta:g} is not below 1/N = {1 / n_records:g}: a mechanism that publishes one "
-            "whole record at random would meet this guarantee. Use delta well below 1/N",
-            PrivacyWarning,
-            stacklevel=3,
-        )
-    chosen = choose_accountant(mechanism, accountant)
-    plan = mechanism.plan(n_records=n_records, epsilon=epsilon, delta=delta, accountant=chosen)
-    # Written as "not <=" so that a NaN epsilon is refused too.
-    if plan.guarantee == APPROXIMATE_DP and not plan.epsilon <= epsilon * (1 + _EPSILON_SLACK):
-        raise PluginError(
-            f"mechanism {mechanism.name!r} planned epsilon={plan.epsilon:.6g}, not at or below the "
-            f"requested {epsilon:g}: calibration must never overshoot"
-        )
-    # 0 needs no check: a guarantee of another kind may have no finite delta.
-    if plan.extra_delta != 0 and not 0 < plan.extra_delta < plan.delta:
-        raise PluginError(
-            f"mechanism {mechanism.name!r} planned extra_delta={plan.extra_delta!r}, outside "
-            f"[0, delta={plan.delta:g}): it is the part of delta spent outside the event"
-        )
-    return plan, chosen
-
-
-def run_mechanism(
-    mechanism: Mechanism,
-    model: RecordModel,
-    data: dict[str, np.ndarray],
-    plan: PrivacyPlan,
-    *,
-    random_seed: Any = None,
-    progressbar: bool = True,
-) -> tuple[Release, bool]:
-    """Fit ``mechanism`` on ``data``; returns the release and whether a fixed seed was used."""
-    seed = np.random.SeedSequence(random_seed)
-    release = mechanism.fit(model, data, plan, seed=seed, progress=Progress(progressbar))
-    return release, random_seed is not None
+from dpppl.tarp_study import add_tarp, check_study
 
 
 def sample(
@@ -196,8 +113,6 @@ def sample(
         warnings.warn(message, UserWarning, stacklevel=2)
     result = build_result(compiled, release, attrs)
     if tarp_options is not None:
-        from dpppl.tarp_study import add_tarp
-
         try:
             add_tarp(result, compiled.model, **tarp_options)
         except Exception as error:  # noqa: BLE001 - the budget is spent: never lose the result
@@ -216,9 +131,6 @@ def _tarp_request(
     be carried out costs no privacy budget."""
     if tarp is None or tarp is False:
         return None
-    # Imported here: the TARP study builds on this module's plan_fit and run_mechanism.
-    from dpppl.tarp_study import check_study
-
     options = {"progressbar": progressbar, "records": records, **({} if tarp is True else tarp)}
     check_study(model, options)
     return options

@@ -52,6 +52,7 @@ from dpppl.diagnostics import (
     save_png,
     tarp_coverage,
 )
+from dpppl.engine import plan_fit
 from dpppl.errors import InvalidDataError, InvalidPrivacyParameterError, PrivacyWarning
 from dpppl.executors import check_executor, map_chunks
 from dpppl.mechanism import Mechanism, PrivacyPlan
@@ -59,7 +60,6 @@ from dpppl.plugins import get_mechanism
 from dpppl.progress import Progress
 from dpppl.record_model import RecordModel, record_model
 from dpppl.records import without_records
-from dpppl.sampling import plan_fit
 from dpppl.simulation import Simulator, simulator
 
 Covariates = Mapping[str, ArrayLike] | Callable[[np.random.Generator], Mapping[str, ArrayLike]]

@@ -26,10 +26,10 @@ from dpppl import (
     PrivacyPlan,
     PrivacyWarning,
 )
+from dpppl.engine import plan_fit
 from dpppl.events import GaussianEvent
 from dpppl.plugins import get_mechanism
 from dpppl.record_model import record_model
-from dpppl.sampling import plan_fit
 
 #: A short NA-DPVI run: enough to exercise every step of a fit in seconds.
 FAST = {"steps": 300, "tune": 100, "draws": 100, "chains": 2, "mc_draws": 2}

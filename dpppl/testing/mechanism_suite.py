@@ -156,7 +156,7 @@ class MechanismHarness:
             ) from error
 
     def plan_at(self, epsilon: float) -> tuple[PrivacyPlan, Accountant | None]:
-        from dpppl.sampling import plan_fit
+        from dpppl.engine import plan_fit
 
         mechanism = self.mechanism()
         try:

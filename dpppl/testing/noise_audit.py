@@ -111,7 +111,7 @@ def check_declared_noise(h: MechanismHarness) -> str | None:
     clipping).  It catches gross errors only (a lower bound from a few dozen fits), never
     proves a guarantee.
     """
-    from dpppl.sampling import run_mechanism
+    from dpppl.engine import run_mechanism
 
     if not h.accounted:
         return "the guarantee is not (epsilon, delta)-DP from an accountant"

@@ -25,10 +25,10 @@ import pytest
 import xarray as xr
 
 import dpppl
+from dpppl.engine import plan_fit, run_mechanism
 from dpppl.errors import InexactReleaseError
 from dpppl.model_file import EXAMPLE_MODEL_FILE
 from dpppl.plugins import get_mechanism
-from dpppl.sampling import plan_fit, run_mechanism
 
 FLOAT_SENTINEL = 7.123456789
 BIG_SENTINEL = 987654321.5

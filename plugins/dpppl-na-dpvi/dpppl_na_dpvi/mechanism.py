@@ -151,7 +151,7 @@ class NADPVI(Mechanism):
     def check_model(self, model: RecordModel) -> None:
         """Record the model's size: the snapped release's grid and δ depend on its dimension.
 
-        ``dpppl.sampling.plan_fit`` calls this before :meth:`plan`, as it does for every
+        ``dpppl.engine.plan_fit`` calls this before :meth:`plan`, as it does for every
         mechanism.
         """
         self._n_params = model.n_params
@@ -193,7 +193,7 @@ class NADPVI(Mechanism):
             if self._n_params is None:
                 raise RuntimeError(
                     "na-dpvi's plan needs the model's dimension: call check_model(model) first "
-                    "(dpppl.sampling.plan_fit does)"
+                    "(dpppl.engine.plan_fit does)"
                 )
             snapping = SnappedGaussian.delta_cost(
                 steps=o.steps, dim=2 * self._n_params, epsilon=epsilon

@@ -23,11 +23,11 @@ import numpy as np
 import pymc as pm
 import pytest
 
+from dpppl.engine import plan_fit, run_mechanism
 from dpppl.plugins import get_mechanism
 from dpppl.privacy import clip_rows
 from dpppl.progress import Progress
 from dpppl.record_model import per_example_grad, record_model
-from dpppl.sampling import plan_fit, run_mechanism
 from dpppl_na_dpvi.dpsgd import run_dpsgd
 from dpppl_na_dpvi.heuristics import StandardisedSchedule
 from dpppl_na_dpvi.postprocess import ModelStructure, TraceStatistics, sample_nuts

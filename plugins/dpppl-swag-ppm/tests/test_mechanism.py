@@ -14,7 +14,7 @@ import pytest
 import xarray as xr
 
 import dpppl
-import dpppl.sampling
+import dpppl.engine
 from dpppl.plugins import provider, registry
 from dpppl.progress import Progress, Task
 from dpppl_swag_ppm import GUARANTEE
@@ -81,7 +81,7 @@ class TestPlan:
             SwagPPM(**options).plan(n_records=1000, epsilon=1.0, delta=1e-5, accountant=None)
 
     def test_the_core_chooses_no_accountant_for_it(self):
-        assert dpppl.sampling.choose_accountant(SwagPPM(), None) is None
+        assert dpppl.engine.choose_accountant(SwagPPM(), None) is None
 
 
 def test_dpppl_sample_runs_end_to_end_with_its_defaults(logistic):
