@@ -178,12 +178,16 @@ def run_dpsgd(
     ``model`` by their static shapes, so a second fit of the same model and sizes does not
     recompile.
     """
-    traces, settings = _run_chunks(
+    traces, settings = run_dpsgd_replicates(
         model, [data], np.asarray(phi0)[None], [schedule], [key],
         steps=steps, capacity=capacity, mc_draws=mc_draws, progress=progress, grid=grid,
-        chunk=chunk, replicates=False,
+        chunk=chunk, vectorised=False,
     )
     return traces[0], settings[0]
+
+
+def _stack(trees):
+    return jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(x) for x in leaves]), *trees)
 
 
 def run_dpsgd_replicates(
@@ -199,42 +203,16 @@ def run_dpsgd_replicates(
     progress: Progress,
     grid: float | None = None,
     chunk: int = 250,
+    vectorised: bool = True,
 ) -> tuple[list[Trace], list[DPSGDSettings]]:
     """:func:`run_dpsgd` on R independent replicates at once, as one vmapped program.
 
     ``data``, ``phi0`` (R × d), ``schedules`` and ``keys`` hold one entry per replicate; every
     schedule must have the same burn-in length.  Each replicate follows exactly the algorithm of
     a single fit, its own schedule included; only its random stream differs (JAX's ``rbg``
-    generator is not vmap-invariant).
+    generator is not vmap-invariant).  ``vectorised=False`` runs one replicate on the
+    single-fit program (what :func:`run_dpsgd` does).
     """
-    return _run_chunks(
-        model, data, np.asarray(phi0), schedules, keys,
-        steps=steps, capacity=capacity, mc_draws=mc_draws, progress=progress, grid=grid,
-        chunk=chunk, replicates=True,
-    )
-
-
-def _stack(trees):
-    return jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(x) for x in leaves]), *trees)
-
-
-def _run_chunks(
-    model: RecordModel,
-    data: Sequence[Mapping[str, np.ndarray]],
-    phi0: np.ndarray,
-    schedules: Sequence[Schedule],
-    keys: Sequence[jax.Array],
-    *,
-    steps: int,
-    capacity: int,
-    mc_draws: int,
-    progress: Progress,
-    grid: float | None,
-    chunk: int,
-    replicates: bool,
-) -> tuple[list[Trace], list[DPSGDSettings]]:
-    """The loop of :func:`run_dpsgd` over a leading replicate axis (of length 1 unless
-    ``replicates``, when the compiled chunks are vmapped over it)."""
     snapped = grid is not None
     burn_in_steps = schedules[0].burn_in_steps
     if any(s.burn_in_steps != burn_in_steps for s in schedules):
@@ -242,7 +220,7 @@ def _run_chunks(
     burn_in = _chunks(burn_in_steps, chunk)
     final = _chunks(steps - burn_in_steps, chunk)
     chunk_keys = [jax.random.split(key, len(burn_in) + len(final)) for key in keys]
-    if replicates:
+    if vectorised:
         device_data = _stack(data)
     else:
         device_data = {k: jnp.asarray(v) for k, v in data[0].items()}
@@ -256,13 +234,13 @@ def _run_chunks(
     with progress.task("DP-SGD", total=steps) as bar:
         for i, length in enumerate(burn_in + final):
             run = model.cached(
-                ("na-dpvi", "dpsgd", capacity, mc_draws, length, snapped, replicates),
+                ("na-dpvi", "dpsgd", capacity, mc_draws, length, snapped, vectorised),
                 lambda length=length: _chunk_runner(
-                    model, capacity, mc_draws, length, snapped, replicates
+                    model, capacity, mc_draws, length, snapped, vectorised
                 ),
             )
             grid_value = grid if snapped else 0.0
-            if replicates:
+            if vectorised:
                 key = jnp.stack([k[i] for k in chunk_keys])
                 phi, out = run(phi, key, device_data, _stack(settings), grid_value)
             else:
