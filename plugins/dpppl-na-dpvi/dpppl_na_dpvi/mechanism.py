@@ -23,6 +23,7 @@ from dpppl.events import NeighbourRelation, PrivacyEvent, poisson_subsampled_gau
 from dpppl.privacy import PoissonSampler, SnappedGaussian, jax_key
 from dpppl.progress import Progress
 from dpppl.record_model import RecordModel
+from dpppl_na_dpvi.convergence import drift_scores, drift_warning
 from dpppl_na_dpvi.dpsgd import (
     DPSGDSettings,
     Trace,
@@ -370,8 +371,10 @@ class NADPVI(Mechanism):
         key: jax.Array,
     ) -> Release:
         o = self.options
-        groups = {"dpvi_trace": _trace_dataset(model, trace)}
-        messages = []
+        scores = drift_scores(trace.phi, schedule.burn_in_steps)
+        groups = {"dpvi_trace": _trace_dataset(model, trace, scores)}
+        drifting = drift_warning(scores, _vi_labels(model))
+        messages = [] if drifting is None else [drifting]
         if post is None:
             phi_star = trace.phi[-1][None, None, :].repeat(o.chains, 0).repeat(o.draws, 1)
         else:
@@ -453,13 +456,14 @@ def _vi_labels(model: RecordModel) -> list[str]:
     return [f"mu[{label}]" for label in labels] + [f"u[{label}]" for label in labels]
 
 
-def _trace_dataset(model: RecordModel, trace: Trace) -> xr.Dataset:
+def _trace_dataset(model: RecordModel, trace: Trace, drift: np.ndarray) -> xr.Dataset:
     labels = _vi_labels(model)
     return xr.Dataset(
         {
             "phi": (("step", "vi_param"), trace.phi),
             "noisy_sum": (("iteration", "vi_param"), trace.noisy_sum),
             "preconditioner": (("iteration", "vi_param"), trace.preconditioner),
+            "drift_score": (("vi_param",), drift),
         },
         coords={
             "step": np.arange(trace.phi.shape[0]),
@@ -471,7 +475,9 @@ def _trace_dataset(model: RecordModel, trace: Trace) -> xr.Dataset:
             "preconditioned per-record gradients of the variational objective (exactly on the "
             "plan's grid with noise='snapped'), the public preconditioner beta_t of each step "
             "(the noisy gradients are s_t / beta_t), and parameters phi_t (t = 0..T); "
-            "phi = (mu, u), variances softplus(u)",
+            "phi = (mu, u), variances softplus(u); drift_score: Geweke z-score of each "
+            "coordinate between the first and last third of the steps after the burn-in "
+            "(|z| > 4: the trace has not settled, see dpppl_na_dpvi.convergence)",
         },
     )
 
