@@ -90,6 +90,13 @@ class NADPVI(Mechanism):
         Prior of the curvature A: ``"structural"`` (default; centred on the curvature the
         mean-field ELBO has at its optimum) or ``"trace"`` (the paper's Appendix H.3: centred on
         the least-squares slope of the trace).
+    optimum
+        ``"integrated"`` (default): the optimum φ* is integrated out of the post-processing
+        model in closed form (given A the noisy gradients are linear-Gaussian in it) and drawn
+        exactly from its conditional after sampling, so NUTS samples A alone; ``"sampled"``:
+        NUTS samples φ* and A jointly, as the paper does.  Both give the same posterior; on a
+        4-parameter Poisson regression (K = 100 TARP study) the integrated model gave the same
+        coverage in half the time, without divergent transitions.
     curvature
         ``"full"``: a full curvature matrix for the μ-coordinates (needed when the posterior is
         correlated); ``"diagonal"``: the paper's diagonal A; ``"auto"`` (default): full for 2 to
@@ -132,7 +139,7 @@ class NADPVI(Mechanism):
         subsampling_noise: bool = False
         curvature_prior: Literal["structural", "trace"] = "structural"
         curvature: Literal["auto", "full", "diagonal"] = "auto"
-        optimum: Literal["sampled", "integrated"] = "sampled"
+        optimum: Literal["integrated", "sampled"] = "integrated"
         noise: Literal["snapped", "float"] = "snapped"
         relation: Literal["add_or_remove_one", "replace_one"] = "add_or_remove_one"
 
