@@ -124,3 +124,8 @@ def test_dpsep_uci_regression(tmp_path):
     table = tmp_path / "dpsep_uci.md"
     run_tutorial("dpsep_uci_regression.py", "--smoke", "--out", table)
     assert table.is_file()
+
+
+def test_poisson_regression():
+    out = run_tutorial("poisson_regression.py", "--smoke")
+    assert '"K": 2' in out and '"coverage_90"' in out
