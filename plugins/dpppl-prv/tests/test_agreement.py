@@ -70,7 +70,7 @@ cheap_steps = st.integers(1, 1000)
 delta = st.sampled_from([1e-5, 1e-6])
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=4, deadline=None, derandomize=True)
 @given(sigma=cheap_noise, q=cheap_rate, steps=cheap_steps, d=delta)
 def test_pld_lies_within_the_prv_bounds(sigma, q, steps, d):
     # Both are tight: PLD's pessimistic ε must fall between PRV's lower and upper bound.
@@ -86,7 +86,7 @@ def test_pld_lies_within_the_prv_bounds(sigma, q, steps, d):
     assert lo <= PLD.epsilon(dp_sgd(sigma, q, steps), delta=d, relation=ADD_REMOVE) <= up
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=4, deadline=None, derandomize=True)
 @given(sigma=cheap_noise, q=cheap_rate, steps=cheap_steps, d=delta)
 def test_rdp_is_never_tighter_than_either(sigma, q, steps, d):
     event = dp_sgd(sigma, q, steps)
@@ -96,7 +96,7 @@ def test_rdp_is_never_tighter_than_either(sigma, q, steps, d):
     assert loose >= tight - eps_error(composition_of(event, ADD_REMOVE), d)
 
 
-@settings(max_examples=2, deadline=None)
+@settings(max_examples=2, deadline=None, derandomize=True)
 @given(sigma=cheap_noise, factor=st.floats(1.1, 3.0), q=cheap_rate, steps=cheap_steps)
 def test_prv_epsilon_falls_with_noise_and_grows_with_rate_and_steps(sigma, factor, q, steps):
     def epsilon(s, r, t):
@@ -108,7 +108,7 @@ def test_prv_epsilon_falls_with_noise_and_grows_with_rate_and_steps(sigma, facto
     assert epsilon(sigma, q, steps + 100) >= base
 
 
-@settings(max_examples=2, deadline=None)
+@settings(max_examples=2, deadline=None, derandomize=True)
 @given(q=st.floats(1e-3, 0.1), steps=st.integers(10, 500), target=st.floats(0.3, 2.0))
 def test_prv_calibration_never_overshoots_and_stays_within_one_percent(q, steps, target):
     def event_for(sigma):
@@ -119,3 +119,20 @@ def test_prv_calibration_never_overshoots_and_stays_within_one_percent(q, steps,
     )
     achieved = PRV.epsilon(event_for(sigma), delta=1e-5, relation=ADD_REMOVE)
     assert 0.99 * target <= achieved <= target
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: at eps ~ 8.7 PRV's lower bound (8.7065) exceeds PLD's pessimistic epsilon, "
+    "which converges to 8.6934 as dp_accounting's grid is refined (1e-2: 8.6979, 1e-4: "
+    "8.6934); one of the two is not a bound there.  Found by the property test above on "
+    "2026-11-25; PRV's upper bound (8.8966) is above both.",
+)
+def test_pld_lies_within_the_prv_bounds_at_a_large_epsilon():
+    sigma, q, steps, d = 1.25, 0.125, 162, 1e-6
+    composition = composition_of(dp_sgd(sigma, q, steps), ADD_REMOVE)
+    lo, _, up = epsilon_bounds(
+        composition, delta=d, eps_error=eps_error(composition, d),
+        delta_error=DELTA_ERROR_FRACTION * d,
+    )
+    assert lo <= PLD.epsilon(dp_sgd(sigma, q, steps), delta=d, relation=ADD_REMOVE) <= up
