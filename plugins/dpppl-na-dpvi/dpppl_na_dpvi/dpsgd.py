@@ -219,7 +219,8 @@ def run_dpsgd_replicates(
         raise ValueError("replicates of one DP-SGD run must share the burn-in length")
     burn_in = _chunks(burn_in_steps, chunk)
     final = _chunks(steps - burn_in_steps, chunk)
-    chunk_keys = [jax.random.split(key, len(burn_in) + len(final)) for key in keys]
+    # (replicate, chunk): one key per chunk of each replicate, split as a single fit splits it.
+    chunk_keys = jnp.stack([jax.random.split(key, len(burn_in) + len(final)) for key in keys])
     if vectorised:
         device_data = _stack(data)
     else:
@@ -229,6 +230,7 @@ def run_dpsgd_replicates(
         s.settings(np.asarray(p)[None], progress=0.0 if burn_in else 1.0)
         for s, p in zip(schedules, phi0, strict=True)
     ]
+    stacked = _stack(settings) if vectorised else None
     outputs: list[StepOutput] = []
     preconditioners = []
     with progress.task("DP-SGD", total=steps) as bar:
@@ -241,10 +243,9 @@ def run_dpsgd_replicates(
             )
             grid_value = grid if snapped else 0.0
             if vectorised:
-                key = jnp.stack([k[i] for k in chunk_keys])
-                phi, out = run(phi, key, device_data, _stack(settings), grid_value)
+                phi, out = run(phi, chunk_keys[:, i], device_data, stacked, grid_value)
             else:
-                last, out = run(phi[0], chunk_keys[0][i], device_data, settings[0], grid_value)
+                last, out = run(phi[0], chunk_keys[0, i], device_data, settings[0], grid_value)
                 phi, out = last[None], jax.tree.map(lambda x: x[None], out)
             require_exact(jnp.all(out.exact))
             outputs.append(out)
@@ -255,8 +256,9 @@ def run_dpsgd_replicates(
             if i < len(burn_in):
                 settings = [
                     s.settings(np.asarray(p), progress=(i + 1) / len(burn_in))
-                    for s, p in zip(schedules, out.phi, strict=True)
+                    for s, p in zip(schedules, np.asarray(out.phi), strict=True)
                 ]
+                stacked = _stack(settings) if vectorised else None
             if i == len(burn_in) - 1:
                 burn_in_phi = np.asarray(jnp.concatenate([o.phi for o in outputs], axis=1))
                 phi = jnp.asarray(

@@ -24,13 +24,7 @@ from dpppl.privacy import PoissonSampler, SnappedGaussian, jax_key
 from dpppl.progress import Progress
 from dpppl.record_model import RecordModel
 from dpppl_na_dpvi.convergence import drift_scores, drift_warning
-from dpppl_na_dpvi.dpsgd import (
-    DPSGDSettings,
-    Trace,
-    noise_std,
-    run_dpsgd,
-    run_dpsgd_replicates,
-)
+from dpppl_na_dpvi.dpsgd import DPSGDSettings, Trace, noise_std, run_dpsgd_replicates
 from dpppl_na_dpvi.heuristics import StandardisedSchedule, default_clipping_bound
 from dpppl_na_dpvi.postprocess import (
     MAX_FULL_CURVATURE,
@@ -266,7 +260,7 @@ class NADPVI(Mechanism):
         seed: np.random.SeedSequence,
         progress: Progress,
     ) -> Release:
-        [release] = self._fit([data], plan, model, [seed], progress, replicates=False)
+        [release] = self._fit(model, [data], plan, [seed], progress, replicates=False)
         return release
 
     def replicate_batch_size(self, model: RecordModel, plan: PrivacyPlan) -> int:
@@ -309,14 +303,14 @@ class NADPVI(Mechanism):
             if len(part) < MIN_REPLICATE_BATCH:
                 # Compiling a vmapped program costs more than it saves on a few replicates.
                 for data, seed in zip(part, part_seeds, strict=True):
-                    releases += self._fit([data], plan, model, [seed], progress, replicates=False)
+                    releases += self._fit(model, [data], plan, [seed], progress, replicates=False)
                 continue
             size = min(batch, 1 << (len(part) - 1).bit_length())
             padding = size - len(part)
             fitted = self._fit(
+                model,
                 part + part[-1:] * padding,
                 plan,
-                model,
                 part_seeds + part_seeds[-1:] * padding,
                 progress,
                 replicates=True,
@@ -326,9 +320,9 @@ class NADPVI(Mechanism):
 
     def _fit(
         self,
+        model: RecordModel,
         datasets: Sequence[Mapping[str, np.ndarray]],
         plan: PrivacyPlan,
-        model: RecordModel,
         seeds: Sequence[np.random.SeedSequence],
         progress: Progress,
         *,
@@ -352,22 +346,19 @@ class NADPVI(Mechanism):
             for _ in datasets
         ]
         phi0 = np.stack([schedule.initial_phi() for schedule in schedules])
-        sizes = dict(
+        traces, finals = run_dpsgd_replicates(
+            model,
+            datasets,
+            phi0,
+            schedules,
+            [k[0] for k in keys],
             steps=o.steps,
             capacity=plan.details["batch_capacity"],
             mc_draws=o.mc_draws,
             progress=progress,
             grid=grid,
+            vectorised=replicates,
         )
-        if replicates:
-            traces, finals = run_dpsgd_replicates(
-                model, datasets, phi0, schedules, [k[0] for k in keys], **sizes
-            )
-        else:
-            trace, final = run_dpsgd(
-                model, datasets[0], phi0[0], schedules[0], key=keys[0][0], **sizes
-            )
-            traces, finals = [trace], [final]
         if o.posterior == "naive":
             posts = [None] * len(traces)
         else:
