@@ -10,11 +10,7 @@ PyTensor, JAX nor ArviZ, so ``dpppl --help`` and ``dpppl plugins`` answer at onc
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
-from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dpppl.errors import (
     DPPPLError,
@@ -29,75 +25,39 @@ from dpppl.errors import (
     PrivateDataError,
     UnsupportedEventError,
 )
-from dpppl.events import NeighbourRelation
-from dpppl.hookspecs import hookimpl
-from dpppl.options import NON_NEGATIVE, POSITIVE, Interval
+from dpppl.lazy import lazy_exports
+from dpppl.plugin.hookspecs import hookimpl
+from dpppl.plugin.options import NON_NEGATIVE, POSITIVE, Interval
+from dpppl.privacy.events import NeighbourRelation
+from dpppl.version import __version__
 
 if TYPE_CHECKING:
-    from dpppl.accounting import Accountant
-    from dpppl.calibration import calibrate_noise_multiplier
+    from dpppl.diagnostics.study import add_tarp, plot_tarp, tarp
     from dpppl.ledger import PrivacyLedger
-    from dpppl.mechanism import Mechanism, PrivacyPlan, Release
-    from dpppl.plugins import accountants, mechanisms
+    from dpppl.model.record_model import RecordModel, record_model
+    from dpppl.plugin.accountant import Accountant
+    from dpppl.plugin.mechanism import Mechanism, PrivacyPlan, Release
+    from dpppl.plugin.registry import accountants, mechanisms
     from dpppl.predictive import sample_posterior_predictive
-    from dpppl.record_model import RecordModel, record_model
-    from dpppl.results import privacy_statement
+    from dpppl.privacy.noise_calibration import calibrate_noise_multiplier
+    from dpppl.results import PrivacyMetadata, privacy_statement
     from dpppl.sampling import sample
-    from dpppl.tarp_study import add_tarp, plot_tarp, tarp
 
-try:
-    __version__ = version("dpppl")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
-    __version__ = "0.0.0"
-
-#: The public name -> the submodule that defines it, imported when the name is first read.
-_LAZY = {
-    "Accountant": "accounting",
-    "calibrate_noise_multiplier": "calibration",
-    "PrivacyLedger": "ledger",
-    "Mechanism": "mechanism",
-    "PrivacyPlan": "mechanism",
-    "Release": "mechanism",
-    "accountants": "plugins",
-    "mechanisms": "plugins",
-    "sample_posterior_predictive": "predictive",
-    "RecordModel": "record_model",
-    "record_model": "record_model",
-    "privacy_statement": "results",
-    "sample": "sampling",
-    "add_tarp": "tarp_study",
-    "plot_tarp": "tarp_study",
-    "tarp": "tarp_study",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dpppl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"dpppl.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
-
-class _Package(types.ModuleType):
-    """The ``dpppl`` module, keeping ``dpppl.record_model`` the function.
-
-    Importing the submodule ``dpppl.record_model`` binds it as an attribute of the package, which
-    would hide the function of the same name that ``dpppl.record_model(model)`` calls.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "record_model" and isinstance(value, types.ModuleType):
-            value = value.record_model
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+__getattr__, __dir__, _ = lazy_exports(
+    __name__,
+    {
+        "dpppl.diagnostics.study": ["add_tarp", "plot_tarp", "tarp"],
+        "dpppl.ledger": ["PrivacyLedger"],
+        "dpppl.model.record_model": ["RecordModel", "record_model"],
+        "dpppl.plugin.accountant": ["Accountant"],
+        "dpppl.plugin.mechanism": ["Mechanism", "PrivacyPlan", "Release"],
+        "dpppl.plugin.registry": ["accountants", "mechanisms"],
+        "dpppl.predictive": ["sample_posterior_predictive"],
+        "dpppl.privacy.noise_calibration": ["calibrate_noise_multiplier"],
+        "dpppl.results": ["PrivacyMetadata", "privacy_statement"],
+        "dpppl.sampling": ["sample"],
+    },
+)
 
 __all__ = [
     "Accountant",
@@ -115,6 +75,7 @@ __all__ = [
     "PluginNotFoundError",
     "PrivacyBudgetExceededError",
     "PrivacyLedger",
+    "PrivacyMetadata",
     "PrivacyPlan",
     "PrivacyWarning",
     "PrivateDataError",

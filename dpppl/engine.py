@@ -8,17 +8,18 @@ from typing import Any
 
 import numpy as np
 
-from dpppl.accounting import Accountant, check_epsilon_delta
 from dpppl.errors import (
     InvalidPrivacyParameterError,
     PluginError,
     PluginNotFoundError,
     PrivacyWarning,
 )
-from dpppl.mechanism import APPROXIMATE_DP, Mechanism, PrivacyPlan, Release
-from dpppl.plugins import get_accountant, registry
+from dpppl.model.record_model import RecordModel
+from dpppl.plugin.accountant import Accountant
+from dpppl.plugin.mechanism import APPROXIMATE_DP, Mechanism, PrivacyPlan, Release
+from dpppl.plugin.registry import get_accountant, registry
+from dpppl.privacy.budget import check_epsilon_delta
 from dpppl.progress import Progress
-from dpppl.record_model import RecordModel
 
 #: Slack for floating-point round-off when checking a plan against its target.
 _EPSILON_SLACK = 1e-9

@@ -28,20 +28,21 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dpppl.accounting import Accountant, check_epsilon_delta, total_variation_delta
 from dpppl.errors import (
     InvalidPrivacyParameterError,
     PrivacyBudgetExceededError,
     UnsupportedEventError,
 )
-from dpppl.events import (
+from dpppl.plugin.accountant import Accountant
+from dpppl.plugin.registry import get_accountant
+from dpppl.privacy.budget import check_epsilon_delta, total_variation_delta
+from dpppl.privacy.events import (
     ComposedEvent,
     NeighbourRelation,
     PrivacyEvent,
     event_from_dict,
     event_from_json,
 )
-from dpppl.plugins import get_accountant
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class LedgerEntry:
     """One charge on a ledger: what ran, under which relation, and what it claimed on its own.
 
     ``extra_delta`` is the part of ``delta`` the fit spent outside ``event`` (see
-    :attr:`dpppl.mechanism.PrivacyPlan.extra_delta`).
+    :attr:`dpppl.plugin.mechanism.PrivacyPlan.extra_delta`).
     """
 
     event: PrivacyEvent
@@ -204,7 +205,7 @@ class PrivacyLedger:
             The fit's declared event and neighbour relation.
         epsilon, extra_delta
             The fit's own ε, and the part of its δ spent outside ``event``
-            (:attr:`dpppl.mechanism.PrivacyPlan.extra_delta`), a total-variation term that the
+            (:attr:`dpppl.plugin.mechanism.PrivacyPlan.extra_delta`), a total-variation term that the
             ledger converts at the ε it claims for the composition.
 
         Raises
@@ -370,7 +371,7 @@ _FIXED_POINT_RTOL = 1e-6
 
 def _variation(epsilon: float, extra_delta: float) -> float:
     """The total variation η behind a fit's ``extra_delta``, which it reported as (1 + e^ε)·η at
-    its own ε (see :attr:`dpppl.mechanism.PrivacyPlan.extra_delta`)."""
+    its own ε (see :attr:`dpppl.plugin.mechanism.PrivacyPlan.extra_delta`)."""
     return extra_delta / total_variation_delta(epsilon, 1.0) if extra_delta else 0.0
 
 

@@ -9,13 +9,13 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from dpppl.accounting import check_epsilon_delta
+from dpppl.diagnostics.study import add_tarp, check_study
 from dpppl.engine import plan_fit, run_mechanism
 from dpppl.ledger import PrivacyLedger
-from dpppl.plugins import get_mechanism, provider
-from dpppl.record_model import RecordModel, record_model
+from dpppl.model.record_model import RecordModel, record_model
+from dpppl.plugin.registry import get_mechanism, provider
+from dpppl.privacy.budget import check_epsilon_delta
 from dpppl.results import build_result, privacy_attrs
-from dpppl.tarp_study import add_tarp, check_study
 
 
 def sample(

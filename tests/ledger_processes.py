@@ -26,7 +26,7 @@ def charge_when_released(
     # Only the accountant plugin: importing every plugin would cost each process seconds.
     os.environ["DPPPL_LOAD_PLUGINS"] = "dpppl-dp-accounting"
     from dpppl import NeighbourRelation, PrivacyBudgetExceededError, PrivacyLedger
-    from dpppl.events import event_from_json
+    from dpppl.privacy.events import event_from_json
 
     try:
         ledger = PrivacyLedger(**ledger_arguments)

@@ -22,6 +22,7 @@ from dpppl.datasets import (
     preprocess_adult,
 )
 from dpppl.errors import DPPPLError, InvalidDataError
+from dpppl.user_cache import cache_dir
 
 SHARED = datasets.checkout_data_dir()
 needs_shared_data = pytest.mark.skipif(
@@ -87,7 +88,7 @@ def test_by_default_the_user_cache_then_the_checkout_folder(tmp_path):
 def test_without_xdg_cache_home_the_cache_is_under_home(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert datasets.cache_dir() == tmp_path / ".cache" / "dpppl"
+    assert cache_dir() == tmp_path / ".cache" / "dpppl"
 
 
 def test_a_missing_file_says_where_it_looked_and_how_to_provide_it(tmp_path):
@@ -140,8 +141,8 @@ def test_a_header_line_and_uci_format_read_alike(tmp_path, uci_mirror):
 def test_load_with_download_fetches_a_missing_file_into_the_user_cache(
     monkeypatch, tmp_path, uci_mirror
 ):
-    monkeypatch.setattr(datasets, "UCI_ADULT_URL", uci_mirror)
-    monkeypatch.setattr(datasets, "checkout_data_dir", lambda: None)
+    monkeypatch.setattr(datasets.adult, "UCI_ADULT_URL", uci_mirror)
+    monkeypatch.setattr(datasets.files, "checkout_data_dir", lambda: None)
     frame = load_uci_adult("test", download=True)
     assert len(frame) == 3
     assert (tmp_path / "cache" / "dpppl" / "uci-adult" / "adult.test").is_file()
@@ -174,7 +175,7 @@ def test_regression_download_takes_data_indices_settings_and_splits(tmp_path):
         (source / name).write_text(text)
     datasets_sets = (*datasets.UCI_REGRESSION_SETS, "toy")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(datasets, "UCI_REGRESSION_SETS", datasets_sets)
+        patch.setattr(datasets.uci_regression, "UCI_REGRESSION_SETS", datasets_sets)
         folder = download_uci_regression(
             "toy", tmp_path / "data", base_url=(tmp_path / "mirror").as_uri()
         )

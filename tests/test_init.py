@@ -26,7 +26,7 @@ def test_importing_dpppl_loads_no_heavy_library():
 
 
 def test_building_the_command_line_parser_loads_no_heavy_library():
-    assert imported_after("import dpppl.cli; dpppl.cli.build_parser()") == []
+    assert imported_after("import dpppl.app.cli; dpppl.app.cli.build_parser()") == []
 
 
 def test_every_public_name_resolves():
@@ -36,7 +36,20 @@ def test_every_public_name_resolves():
 
 
 def test_record_model_stays_the_function_once_its_module_is_imported():
-    import dpppl.record_model  # noqa: F401 - binds the submodule on the package, as imports do
+    import dpppl.model.record_model  # noqa: F401 - binds the submodule on dpppl.model, as imports do
 
     assert callable(dpppl.record_model) and dpppl.record_model.__name__ == "record_model"
-    assert dpppl.RecordModel.__module__ == "dpppl.record_model"
+    assert dpppl.RecordModel.__module__ == "dpppl.model.record_model"
+
+
+def test_the_plugin_face_loads_no_heavy_library_until_a_name_is_read():
+    assert imported_after("import dpppl.plugin; from dpppl.plugin import hookimpl, Mechanism") == []
+    assert "jax" in imported_after("from dpppl.plugin import RecordModel")
+
+
+def test_every_name_of_the_plugin_face_resolves():
+    import dpppl.plugin
+
+    missing = [name for name in dpppl.plugin.__all__ if not hasattr(dpppl.plugin, name)]
+    assert missing == []
+    assert set(dpppl.plugin.__all__) <= set(dir(dpppl.plugin))

@@ -19,7 +19,8 @@ import pytest
 
 import dpppl
 from dpppl import InvalidPrivacyParameterError, PrivacyBudgetExceededError, PrivacyLedger
-from dpppl.events import (
+from dpppl.plugin.registry import get_accountant
+from dpppl.privacy.events import (
     ComposedEvent,
     GaussianEvent,
     NeighbourRelation,
@@ -27,7 +28,6 @@ from dpppl.events import (
     SelfComposedEvent,
     poisson_subsampled_gaussian,
 )
-from dpppl.plugins import get_accountant
 
 ADD_REMOVE = NeighbourRelation.ADD_OR_REMOVE_ONE
 REPLACE = NeighbourRelation.REPLACE_ONE

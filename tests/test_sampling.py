@@ -27,9 +27,9 @@ from dpppl import (
     PrivacyWarning,
 )
 from dpppl.engine import plan_fit
-from dpppl.events import GaussianEvent
-from dpppl.plugins import get_mechanism
-from dpppl.record_model import record_model
+from dpppl.model.record_model import record_model
+from dpppl.plugin.registry import get_mechanism
+from dpppl.privacy.events import GaussianEvent
 
 #: A short NA-DPVI run: enough to exercise every step of a fit in seconds.
 FAST = {"steps": 300, "tune": 100, "draws": 100, "chains": 2, "mc_draws": 2}

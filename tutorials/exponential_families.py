@@ -52,7 +52,7 @@ import pymc as pm
 import xarray as xr
 
 import dpppl
-from dpppl.plugins import registry
+from dpppl.plugin.registry import registry
 
 N_RECORDS = 5000
 EPSILON = 0.1

@@ -54,8 +54,9 @@ from dp_accounting.rdp import RdpAccountant
 from scipy import optimize
 
 import dpppl
-from dpppl.privacy import PoissonSampler, clip_rows, gather, gaussian_noise
-from dpppl.record_model import per_example_grad
+from dpppl.model.record_model import per_example_grad
+from dpppl.privacy.noise import clip_rows, gaussian_noise
+from dpppl.privacy.subsampling import PoissonSampler, gather
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 DELTA = 1e-5
@@ -266,7 +267,7 @@ def swag_ppm(model: pm.Model, epsilon: float, seed: int, **options) -> Outcome:
 
 def na_dpvi(model: pm.Model, epsilon: float, seed: int) -> Outcome | str:
     """The project's DP-SGD-based NA-DPVI mechanism, or why it could not run."""
-    if "na-dpvi" not in dpppl.plugins.registry().mechanisms:
+    if "na-dpvi" not in dpppl.plugin.registry.registry().mechanisms:
         return "not installed"
     start = time.perf_counter()
     try:

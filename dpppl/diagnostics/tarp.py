@@ -117,7 +117,7 @@ def tarp_coverage(
     rng_state = json.dumps(rng.bit_generator.state)
 
     mean, sd = _posterior_moments(samples)
-    refs, rule = _references(references, mean, sd, truth, n_repeats, reference_scale, rng)
+    refs, rule = reference_points(references, mean, sd, truth, n_repeats, reference_scale, rng)
     mass, marginal_mass = _ball_masses(samples, truth, refs, mean, metric)
 
     ecp = _coverage(mass, alpha)
@@ -257,7 +257,7 @@ def _posterior_moments(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, sd
 
 
-def _references(
+def reference_points(
     references: str | ArrayLike,
     mean: np.ndarray,
     sd: np.ndarray,

@@ -11,10 +11,10 @@ from typing import Any
 
 from scipy import optimize, special
 
-from dpppl.accounting import Accountant
-from dpppl.calibration import CALIBRATION_RTOL
 from dpppl.errors import DPPPLError, PluginNotFoundError, UnsupportedEventError
-from dpppl.events import (
+from dpppl.plugin.accountant import Accountant
+from dpppl.plugin.registry import get_accountant
+from dpppl.privacy.events import (
     ComposedEvent,
     GaussianEvent,
     NeighbourRelation,
@@ -22,7 +22,7 @@ from dpppl.events import (
     SelfComposedEvent,
     poisson_subsampled_gaussian,
 )
-from dpppl.plugins import get_accountant
+from dpppl.privacy.noise_calibration import CALIBRATION_RTOL
 from dpppl.testing.checks import (
     ORDER_RTOL,
     Check,
@@ -265,7 +265,7 @@ class _AccountantHarness:
                         f"[{low:.6g}, {target:g}] ({family}, {relation.value})",
                         happened=f"sigma={sigma:.6g} gives epsilon={eps:.6g}: more noise than "
                         "needed",
-                        fix="stop the search only inside the band (dpppl.calibration."
+                        fix="stop the search only inside the band (dpppl.privacy.noise_calibration."
                         "CALIBRATION_RTOL)",
                     )
         self._check_a_nan_epsilon_stops_calibration()
@@ -402,13 +402,13 @@ class _AccountantHarness:
                     "refusal of unsupported events",
                     expected=f"delta={bad} refused with InvalidPrivacyParameterError",
                     happened=f"it raised {describe(error)}",
-                    fix="validate delta (dpppl.accounting.check_epsilon_delta)",
+                    fix="validate delta (dpppl.plugin.check_epsilon_delta)",
                 ) from error
             raise self.fail(
                 "refusal of unsupported events",
                 expected=f"delta={bad} refused with InvalidPrivacyParameterError",
                 happened="epsilon() returned a value",
-                fix="validate delta (dpppl.accounting.check_epsilon_delta)",
+                fix="validate delta (dpppl.plugin.check_epsilon_delta)",
             )
 
 

@@ -9,8 +9,7 @@ import math
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from functools import cached_property, partial
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,41 +17,27 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from dpppl.accounting import Accountant
-from dpppl.calibration import CALIBRATION_RTOL
 from dpppl.errors import (
-    DPPPLError,
     InvalidDataError,
     InvalidPrivacyParameterError,
     ModelNotSupportedError,
-    PluginError,
-    PluginNotFoundError,
 )
-from dpppl.events import GaussianEvent, PrivacyEvent, event_from_json
 from dpppl.ledger import PrivacyLedger
-from dpppl.mechanism import APPROXIMATE_DP, Mechanism, PrivacyPlan
-from dpppl.plugins import get_accountant, get_mechanism, provider, registry
-from dpppl.record_model import RecordModel, record_model
-from dpppl.results import FORBIDDEN_GROUPS
+from dpppl.plugin.mechanism import APPROXIMATE_DP, Mechanism
+from dpppl.plugin.registry import get_accountant, registry
+from dpppl.privacy.events import GaussianEvent, PrivacyEvent, event_from_json
+from dpppl.privacy.noise_calibration import CALIBRATION_RTOL
+from dpppl.results import FORBIDDEN_GROUPS, PrivacyMetadata
 from dpppl.testing.checks import (
     ORDER_RTOL,
     Check,
-    ConformanceError,
     ConformanceReport,
     describe,
     run_all,
 )
-from dpppl.testing.leaks import Captured, Sentinels, capture, find_leaks
-from dpppl.testing.models import gamma_exponential_data
+from dpppl.testing.harness import MechanismHarness
+from dpppl.testing.leaks import Sentinels, find_leaks
 from dpppl.testing.noise_audit import check_declared_noise
-
-
-@dataclass
-class _Fit:
-    """One run of ``dpppl.sample`` and what it said."""
-
-    result: xr.DataTree
-    captured: Captured
 
 
 @contextlib.contextmanager
@@ -76,177 +61,8 @@ def _counting_fits(cls: type[Mechanism]) -> Iterator[list[int]]:
             cls.fit = original
 
 
-class MechanismHarness:
-    """Shared state of one mechanism's checks: the model, the plan and one fit, built once."""
-
-    def __init__(
-        self,
-        name_or_class: str | type[Mechanism],
-        *,
-        options: Mapping[str, Any] | None,
-        model: Callable[[np.random.Generator], pm.Model] | None,
-        epsilon: float,
-        delta: float,
-        accountant: str | None,
-        noise_epsilon: float,
-        noise_fits: int,
-        tarp_simulations: int,
-        random_seed: int,
-    ):
-        self.requested = name_or_class
-        self.name = name_or_class if isinstance(name_or_class, str) else name_or_class.name
-        self.options = dict(options or {})
-        self.builder = model or gamma_exponential_data
-        self.epsilon, self.delta = float(epsilon), float(delta)
-        self.accountant_name = accountant
-        self.noise_epsilon = float(noise_epsilon)
-        self.noise_fits = int(noise_fits)
-        self.tarp_simulations = int(tarp_simulations)
-        self.seed = int(random_seed)
-
-    def fail(self, contract: str, *, expected: str, happened: str, fix: str) -> ConformanceError:
-        return ConformanceError(
-            contract, f"mechanism {self.name!r}", expected=expected, happened=happened, fix=fix
-        )
-
-    # -- shared state ---------------------------------------------------------------------------
-
-    @cached_property
-    def cls(self) -> type[Mechanism]:
-        try:
-            registered = get_mechanism(self.name)
-        except PluginNotFoundError as error:
-            raise self.fail(
-                "registration",
-                expected=f"a mechanism named {self.name!r} registered through the "
-                "register_mechanisms hook",
-                happened=f"dpppl does not know it ({error})",
-                fix="implement `@dpppl.hookimpl def register_mechanisms(register): "
-                "register(YourMechanism)` in your plugin module, name that module in your "
-                "pyproject.toml under [project.entry-points.dpppl], and reinstall the "
-                "distribution (pip install -e .)",
-            ) from None
-        if not isinstance(self.requested, str) and registered is not self.requested:
-            raise self.fail(
-                "registration",
-                expected=f"{self.requested.__qualname__} registered under {self.name!r}",
-                happened=f"{self.name!r} is registered as {registered.__module__}."
-                f"{registered.__qualname__} (by {provider('mechanism', self.name)})",
-                fix="register the class you are checking, or give its mechanism a unique `name`",
-            )
-        return registered
-
-    @cached_property
-    def model(self) -> pm.Model:
-        return self.builder(np.random.default_rng(self.seed))
-
-    @cached_property
-    def compiled(self) -> RecordModel:
-        return record_model(self.model)
-
-    def mechanism(self) -> Mechanism:
-        try:
-            return self.cls(**self.options)
-        except Exception as error:
-            raise self.fail(
-                "options",
-                expected=f"the options {self.options} to be accepted",
-                happened=f"the constructor raised {describe(error)}",
-                fix="pass options the mechanism has (its Options dataclass), valid values only",
-            ) from error
-
-    def plan_at(self, epsilon: float) -> tuple[PrivacyPlan, Accountant | None]:
-        from dpppl.engine import plan_fit
-
-        mechanism = self.mechanism()
-        try:
-            return plan_fit(
-                mechanism,
-                self.compiled,
-                epsilon=epsilon,
-                delta=self.delta,
-                accountant=self.accountant_name,
-            )
-        except ModelNotSupportedError as error:
-            raise self.fail(
-                "model support",
-                expected="the mechanism to accept the suite's model",
-                happened=f"it refused it: {error}",
-                fix="pass model= a builder (rng -> pm.Model) of a model your mechanism supports, "
-                "with float records and no covariates if you can",
-            ) from error
-        except PluginError as error:
-            raise self.fail(
-                "declared privacy event",
-                expected=f"a plan whose epsilon is at most the requested {epsilon}",
-                happened=str(error),
-                fix="calibrate the noise with the accountant (implement privacy_event() and "
-                "let Mechanism.plan calibrate it), never above the target",
-            ) from error
-
-    @cached_property
-    def plan(self) -> PrivacyPlan:
-        return self.plan_at(self.epsilon)[0]
-
-    @property
-    def accounted(self) -> bool:
-        """Whether the mechanism's guarantee is (ε, δ)-DP from an accountant."""
-        return self.plan.guarantee == APPROXIMATE_DP and self.plan.event is not None
-
-    def ledger(self) -> PrivacyLedger | None:
-        if not self.accounted:
-            return None
-        return PrivacyLedger(
-            epsilon=10 * self.epsilon,
-            delta=self.delta,
-            accountant=self.plan.accountant,
-            relation=self.plan.relation,
-        )
-
-    def sample(self, seed: int, ledger: PrivacyLedger | None = None, model=None) -> _Fit:
-        import dpppl
-
-        with capture() as captured:
-            try:
-                result = dpppl.sample(
-                    model or self.model,
-                    mechanism=self.name,
-                    epsilon=self.epsilon,
-                    delta=self.delta,
-                    accountant=self.accountant_name,
-                    ledger=ledger,
-                    random_seed=seed,
-                    progressbar=False,
-                    **self.options,
-                )
-            except PluginError as error:
-                raise self.fail(
-                    "result layout",
-                    expected="a release dpppl can turn into a result",
-                    happened=f"dpppl refused the release: {error}",
-                    fix="return a dpppl.Release whose draws have shape (chain, draw, "
-                    "model.n_params) and whose groups hold only what the guarantee covers "
-                    f"(never {sorted(FORBIDDEN_GROUPS)})",
-                ) from error
-            except DPPPLError:
-                raise
-            except Exception as error:
-                raise self.fail(
-                    "fit",
-                    expected="dpppl.sample to run the mechanism on the suite's model",
-                    happened=f"it raised {describe(error)}",
-                    fix="fix the exception; if the model is not supported, raise "
-                    "ModelNotSupportedError from check_model() and pass model= a supported one",
-                ) from error
-        return _Fit(result, captured)
-
-    @cached_property
-    def first(self) -> tuple[_Fit, PrivacyLedger | None]:
-        """The fit the layout, leak and ledger checks look at (charged to a fresh ledger)."""
-        ledger = self.ledger()
-        return self.sample(self.seed, ledger), ledger
-
-    # -- checks ---------------------------------------------------------------------------------
+class MechanismChecks(MechanismHarness):
+    """The contracts of a mechanism plugin, one ``check_*`` method each, on the shared state."""
 
     def check_registration(self) -> None:
         """The mechanism is registered through the hook under its ``name``, by a known
@@ -340,7 +156,7 @@ class MechanismHarness:
                 "declared privacy event",
                 expected="the event to survive to_json()/event_from_json()",
                 happened=f"{plan.event.to_json()} reads back differently",
-                fix="build events from dpppl.events classes only",
+                fix="build events from dpppl.privacy.events classes only",
             )
         sigmas = _gaussian_noise_multipliers(plan.event)
         # A release of several blocks may declare a smaller joint multiplier (its sensitivity is
@@ -368,8 +184,7 @@ class MechanismHarness:
                     "declared privacy event",
                     expected="privacy_event() at the plan's noise multiplier to give the plan's "
                     "event",
-                    happened=f"it gives {again.to_json()}, the plan holds "
-                    f"{plan.event.to_json()}",
+                    happened=f"it gives {again.to_json()}, the plan holds {plan.event.to_json()}",
                     fix="declare in the plan the event privacy_event() returns",
                 )
             noisier = mechanism.privacy_event(
@@ -405,9 +220,7 @@ class MechanismHarness:
                 fix="return posterior draws in Release.draws; the core builds the posterior",
             )
         posterior = result["posterior"].to_dataset()
-        missing = sorted(
-            {rv.name for rv in self.model.free_RVs} - set(posterior.data_vars)
-        )
+        missing = sorted({rv.name for rv in self.model.free_RVs} - set(posterior.data_vars))
         if missing or {"chain", "draw"} - set(posterior.dims):
             raise self.fail(
                 "result layout",
@@ -447,13 +260,22 @@ class MechanismHarness:
                 happened=f"{per_record} have it: a value per record is private data",
                 fix="release no per-record quantity",
             )
-        attrs = result.attrs
         plan = self.plan
+        try:
+            meta = PrivacyMetadata.from_result(result)
+        except (KeyError, TypeError, ValueError) as error:
+            raise self.fail(
+                "result layout",
+                expected="the dp_* privacy attributes dpppl.sample writes",
+                happened=f"they cannot be read: {describe(error)}",
+                fix="report corrections in Release.privacy and Release.attrs only; the core "
+                "writes the attributes",
+            ) from error
         checks = {
-            "dp_mechanism": (attrs.get("dp_mechanism"), self.name),
-            "dp_neighbour_relation": (attrs.get("dp_neighbour_relation"), plan.relation.value),
+            "dp_mechanism": (meta.mechanism, self.name),
+            "dp_neighbour_relation": (meta.neighbour_relation.value, plan.relation.value),
             "dp_event": (
-                attrs.get("dp_event"),
+                meta.event.to_json() if meta.event is not None else "none",
                 plan.event.to_json() if plan.event is not None else "none",
             ),
         }
@@ -467,11 +289,11 @@ class MechanismHarness:
                 fix="keep the plan's event fixed between plan() and fit(); report corrections "
                 "in Release.privacy only",
             )
-        if self.accounted and float(attrs["dp_epsilon"]) > self.epsilon * (1 + ORDER_RTOL):
+        if self.accounted and meta.epsilon > self.epsilon * (1 + ORDER_RTOL):
             raise self.fail(
                 "result layout",
                 expected=f"dp_epsilon at most the requested {self.epsilon}",
-                happened=f"dp_epsilon={attrs['dp_epsilon']}",
+                happened=f"dp_epsilon={meta.epsilon}",
                 fix="never report (or spend) more than the target",
             )
         if ledger is not None:
@@ -489,7 +311,7 @@ class MechanismHarness:
             try:
                 result.to_netcdf(path)
                 with xr.open_datatree(path) as stored:
-                    stored_epsilon = float(stored.attrs["dp_epsilon"])
+                    stored_epsilon = PrivacyMetadata.from_result(stored).epsilon
                     stored_groups = set(stored.children)
             except Exception as error:
                 raise self.fail(
@@ -500,7 +322,7 @@ class MechanismHarness:
                     "(str, int, float): put structured values in Release.attrs, which the core "
                     "serialises",
                 ) from error
-        if stored_epsilon != float(attrs["dp_epsilon"]) or stored_groups != set(result.children):
+        if stored_epsilon != meta.epsilon or stored_groups != set(result.children):
             raise self.fail(  # pragma: no cover - xarray's own round trip
                 "result layout",
                 expected="the netCDF file to keep the groups and dp_epsilon",
@@ -560,7 +382,7 @@ class MechanismHarness:
                 expected="two fits with the same random_seed to release identical results",
                 happened="they differ",
                 fix="draw every random number from the `seed` SeedSequence fit() receives "
-                "(np.random.default_rng(seed), dpppl.privacy.jax_key(seed)), never from global "
+                "(np.random.default_rng(seed), dpppl.plugin.jax_key(seed)), never from global "
                 "state (np.random.*, time, os.urandom)",
             )
         if _same_content(first["posterior"], other["posterior"]):
@@ -569,8 +391,7 @@ class MechanismHarness:
                 expected="fits with different seeds to release different posteriors",
                 happened="they are identical: the release does not depend on the seed, so "
                 "either the mechanism adds no noise or ignores the seed",
-                fix="derive the noise (and every other random draw) from the `seed` fit() "
-                "receives",
+                fix="derive the noise (and every other random draw) from the `seed` fit() receives",
             )
 
     def check_refusals(self) -> str | None:
@@ -595,8 +416,13 @@ class MechanismHarness:
                     f"{bad}",
                     (InvalidPrivacyParameterError,),
                     lambda s=setting: dpppl.sample(
-                        self.model, mechanism=self.name, ledger=ledger, progressbar=False,
-                        accountant=self.accountant_name, **s, **self.options,
+                        self.model,
+                        mechanism=self.name,
+                        ledger=ledger,
+                        progressbar=False,
+                        accountant=self.accountant_name,
+                        **s,
+                        **self.options,
                     ),
                     ledger,
                 )
@@ -604,8 +430,13 @@ class MechanismHarness:
                 "an unknown option",
                 (TypeError,),
                 lambda: dpppl.sample(
-                    self.model, mechanism=self.name, epsilon=self.epsilon, delta=self.delta,
-                    ledger=ledger, progressbar=False, **self.options,
+                    self.model,
+                    mechanism=self.name,
+                    epsilon=self.epsilon,
+                    delta=self.delta,
+                    ledger=ledger,
+                    progressbar=False,
+                    **self.options,
                     conformance_unknown_option=1,
                 ),
                 ledger,
@@ -625,9 +456,14 @@ class MechanismHarness:
                         "NaN in the data",
                         (InvalidDataError,),
                         lambda: dpppl.sample(
-                            self.model, mechanism=self.name, epsilon=self.epsilon,
-                            delta=self.delta, ledger=ledger, progressbar=False,
-                            accountant=self.accountant_name, **self.options,
+                            self.model,
+                            mechanism=self.name,
+                            epsilon=self.epsilon,
+                            delta=self.delta,
+                            ledger=ledger,
+                            progressbar=False,
+                            accountant=self.accountant_name,
+                            **self.options,
                         ),
                         ledger,
                     )
@@ -689,7 +525,7 @@ class MechanismHarness:
         """``dpppl.tarp`` runs the mechanism on a few simulated data sets and returns finite
         coverage marked as spending no budget."""
         import dpppl
-        from dpppl.simulation import simulator
+        from dpppl.model.simulation import simulator
 
         try:
             sim = simulator(self.compiled)
@@ -702,9 +538,16 @@ class MechanismHarness:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 study = dpppl.tarp(
-                    self.model, mechanism=self.name, epsilon=self.epsilon, delta=self.delta,
-                    accountant=self.accountant_name, n_simulations=self.tarp_simulations,
-                    n_workers=1, progressbar=False, random_seed=self.seed, **extra,
+                    self.model,
+                    mechanism=self.name,
+                    epsilon=self.epsilon,
+                    delta=self.delta,
+                    accountant=self.accountant_name,
+                    n_simulations=self.tarp_simulations,
+                    n_workers=1,
+                    progressbar=False,
+                    random_seed=self.seed,
+                    **extra,
                     **self.options,
                 )
         except Exception as error:
@@ -737,9 +580,7 @@ class MechanismHarness:
 def _gaussian_noise_multipliers(event: PrivacyEvent) -> list[float]:
     if isinstance(event, GaussianEvent):
         return [event.noise_multiplier]
-    children = getattr(event, "events", None) or (
-        [event.event] if hasattr(event, "event") else []
-    )
+    children = getattr(event, "events", None) or ([event.event] if hasattr(event, "event") else [])
     return [s for child in children for s in _gaussian_noise_multipliers(child)]
 
 
@@ -785,7 +626,7 @@ def mechanism_checks(
 
     Parameters are those of :func:`check_mechanism`.
     """
-    h = MechanismHarness(
+    h = MechanismChecks(
         name_or_class,
         options=options,
         model=model,
@@ -858,7 +699,7 @@ def check_mechanism(
     ----------
     name_or_class
         The mechanism's name (as users pass ``mechanism=``) or its class; either must be
-        registered (installed through its entry point, or ``dpppl.plugins.register_plugin``).
+        registered (installed through its entry point, or ``dpppl.plugin.registry.register_plugin``).
     options
         Mechanism options for every fit: choose fast settings (few steps and draws).
     model

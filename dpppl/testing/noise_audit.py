@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy import stats
 
-from dpppl.events import NeighbourRelation
-from dpppl.record_model import RecordModel
+from dpppl.model.record_model import RecordModel
+from dpppl.privacy.events import NeighbourRelation
 
 if TYPE_CHECKING:
-    from dpppl.testing.mechanism_suite import MechanismHarness
+    from dpppl.testing.harness import MechanismHarness
 
 #: Confidence level of the statistical checks: a correct plugin fails one with probability at most
 #: this (for a fixed ``random_seed`` the outcome is reproducible).

@@ -48,8 +48,8 @@ if method.startswith("prv-accountant"):
         eps_error=0.01, mu_max=1000.0,
     )
 else:
-    from dpppl.events import NeighbourRelation, poisson_subsampled_gaussian
-    from dpppl.plugins import get_accountant
+    from dpppl.privacy.events import NeighbourRelation, poisson_subsampled_gaussian
+    from dpppl.plugin.registry import get_accountant
     accountant = get_accountant(method)()
     before = status_mb("VmRSS")
     reset_peak()
@@ -76,8 +76,8 @@ def calibrate_in_a_fresh_process(method: str, target: float) -> dict[str, float]
 
 @pytest.mark.benchmark
 def test_calibration_side_by_side():
-    from dpppl.events import NeighbourRelation, poisson_subsampled_gaussian
-    from dpppl.plugins import get_accountant
+    from dpppl.plugin.registry import get_accountant
+    from dpppl.privacy.events import NeighbourRelation, poisson_subsampled_gaussian
 
     relation = NeighbourRelation.ADD_OR_REMOVE_ONE
     pld = get_accountant("pld")()

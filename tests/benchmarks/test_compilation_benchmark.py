@@ -89,7 +89,7 @@ import json, sys, time
 import numpy as np, pandas as pd
 import jax
 import dpppl
-from dpppl.model_file import load_model_file
+from dpppl.app.model_file import load_model_file
 
 model_path, data_path, mechanism, options = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 build = load_model_file(model_path)
@@ -136,8 +136,8 @@ def _data(name: str, n: int = 5000) -> pd.DataFrame:
     if name == "beta-bernoulli":
         return pd.DataFrame({"y": rng.binomial(1, 0.3, n)})
     if name == "demo logistic":
+        from dpppl.app.demo import demo_features
         from dpppl.datasets import load_adult_sample
-        from dpppl.demo import demo_features
 
         features, labels = demo_features(load_adult_sample())
         return features.assign(income_over_50k=labels)
@@ -171,7 +171,7 @@ def _cli_fit(model_path, data_path, mechanism, options, cache: Path, out: Path) 
                    for arg in ("--option", f"{key}={json.dumps(value)}")]
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "dpppl.cli", "fit", str(model_path), "--data", str(data_path),
+        [sys.executable, "-m", "dpppl.app.cli", "fit", str(model_path), "--data", str(data_path),
          "--mechanism", mechanism, "--epsilon", "0.1", "--delta", "1e-5", "--out", str(out),
          "--quiet", *option_args],
         check=True, capture_output=True, env=env,

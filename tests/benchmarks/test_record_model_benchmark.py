@@ -25,7 +25,7 @@ import pymc as pm
 import pytensor.gradient
 import pytest
 
-from dpppl.record_model import RecordModel, find_records, per_example_grad
+from dpppl.model.record_model import RecordModel, find_records, per_example_grad
 
 BATCHES = (100, 1000)
 

@@ -25,8 +25,8 @@ import xarray as xr
 
 from dpppl.diagnostics.tarp import (
     DEFAULT_ALPHA,
-    _references,
     coverage_summary,
+    reference_points,
     tarp_coverage,
 )
 from dpppl.errors import InvalidDataError
@@ -202,7 +202,7 @@ def test_user_references_set_the_repeats(small_conjugate):
 def test_prior_rule_pairs_every_simulation_with_another(small_conjugate):
     truth = small_conjugate.truth
     zeros = np.zeros_like(truth)
-    refs, rule = _references("prior", zeros, zeros, truth, 5, 4.0, np.random.default_rng(0))
+    refs, rule = reference_points("prior", zeros, zeros, truth, 5, 4.0, np.random.default_rng(0))
     assert rule == "prior" and refs.shape == (5, *truth.shape)
     for repeat in refs:
         assert not np.any(np.all(repeat == truth, axis=1))
@@ -212,7 +212,7 @@ def test_prior_rule_pairs_every_simulation_with_another(small_conjugate):
 def test_posterior_uniform_rule_stays_in_its_box(small_conjugate):
     samples = small_conjugate.samples()
     mean, sd = samples.mean(axis=1), samples.std(axis=1)
-    refs, _ = _references(
+    refs, _ = reference_points(
         "posterior_uniform", mean, sd, small_conjugate.truth, 20, 4.0, np.random.default_rng(0)
     )
     offset = (refs - mean) / sd

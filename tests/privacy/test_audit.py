@@ -36,11 +36,12 @@ import pytest
 from scipy import stats
 
 import dpppl_na_dpvi.dpsgd as dpsgd
-from dpppl.calibration import calibrate_noise_multiplier
-from dpppl.events import NeighbourRelation, poisson_subsampled_gaussian
-from dpppl.plugins import get_accountant
-from dpppl.privacy import SnappedGaussian, clip_rows, gaussian_noise, poisson_batch
-from dpppl.record_model import record_model
+from dpppl.model.record_model import record_model
+from dpppl.plugin.registry import get_accountant
+from dpppl.privacy.events import NeighbourRelation, poisson_subsampled_gaussian
+from dpppl.privacy.noise import SnappedGaussian, clip_rows, gaussian_noise
+from dpppl.privacy.noise_calibration import calibrate_noise_multiplier
+from dpppl.privacy.subsampling import poisson_batch
 
 DELTA = 1e-5
 #: Confidence of every ε lower bound (union bound over the four Clopper–Pearson intervals).

@@ -25,10 +25,10 @@ import pytest
 import xarray as xr
 
 import dpppl
+from dpppl.app.model_file import EXAMPLE_MODEL_FILE
 from dpppl.engine import plan_fit, run_mechanism
 from dpppl.errors import InexactReleaseError
-from dpppl.model_file import EXAMPLE_MODEL_FILE
-from dpppl.plugins import get_mechanism
+from dpppl.plugin.registry import get_mechanism
 
 FLOAT_SENTINEL = 7.123456789
 BIG_SENTINEL = 987654321.5
@@ -259,7 +259,7 @@ def test_a_snapped_release_out_of_float64_range_is_refused_without_quoting_a_val
 
 
 def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dpppl.cli", *args], check=False,
+    return subprocess.run([sys.executable, "-m", "dpppl.app.cli", *args], check=False,
                           capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
@@ -337,8 +337,8 @@ def test_the_persistent_compilation_cache_holds_no_record_value(tmp_path, mechan
 def test_the_compilation_cache_search_finds_a_constant_baked_into_a_program(tmp_path):
     """The search above is not blind: a function that closes over the data does leak into it."""
     script = (
-        # dpppl.jax_compile turns on 64-bit JAX and the persistent cache (``import dpppl`` is lazy).
-        "import jax, jax.numpy as jnp, dpppl.jax_compile\n"
+        # dpppl.model.jax_compile turns on 64-bit JAX and the persistent cache (``import dpppl`` is lazy).
+        "import jax, jax.numpy as jnp, dpppl.model.jax_compile\n"
         f"data = jnp.array([{FLOAT_SENTINEL!r}, 1.0, 2.0, 3.0])\n"
         "jax.jit(lambda t: jnp.sum(data * t))(2.0).block_until_ready()\n"
     )

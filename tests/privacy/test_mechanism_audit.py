@@ -2,7 +2,7 @@
 
 Already covered elsewhere, and not repeated here:
 
-* ``tests/test_privacy.py``: ``clip_rows`` norms ≤ C, a 10⁶-scale canary moves the sum by ≤ C,
+* ``tests/privacy/test_noise.py``: ``clip_rows`` norms ≤ C, a 10⁶-scale canary moves the sum by ≤ C,
   ``gaussian_noise`` has the requested std (χ², α = 10⁻⁶), ``poisson_batch`` inclusion rates
   (χ² over records) and Binomial batch sizes (mean and variance).
 * ``plugins/dpppl-na-dpvi/tests/test_dpsgd.py``: through the real DP-SGD step, one record moves
@@ -29,8 +29,8 @@ from scipy import stats
 
 import dpppl
 import dpppl_na_dpvi.dpsgd as dpsgd
+from dpppl.model.record_model import record_model
 from dpppl.progress import Progress
-from dpppl.record_model import record_model
 
 SIGNIFICANCE = 1e-6
 N_RECORDS, RATE, TRIALS, BOUND = 20, 0.3, 20_000, 0.5

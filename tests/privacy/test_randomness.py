@@ -16,7 +16,7 @@ from scipy import stats
 
 import dpppl
 from dpppl.errors import InexactReleaseError, InvalidPrivacyParameterError
-from dpppl.privacy import (
+from dpppl.privacy.noise import (
     MIN_SCALE,
     NOISE_BOUND,
     SnappedGaussian,

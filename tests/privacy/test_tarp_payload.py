@@ -21,9 +21,9 @@ import pytest
 import xarray as xr
 
 import dpppl
-from dpppl.record_model import RecordModel, record_model
-from dpppl.records import without_records
-from dpppl.simulation import simulator
+from dpppl.model.record_model import RecordModel, record_model
+from dpppl.model.records import without_records
+from dpppl.model.simulation import simulator
 from dpppl.testing import example_models, find_in_bytes
 
 N = 30

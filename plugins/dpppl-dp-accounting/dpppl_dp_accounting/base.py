@@ -7,9 +7,13 @@ from abc import abstractmethod
 
 import dp_accounting as dpa
 
-from dpppl.accounting import Accountant
-from dpppl.errors import InvalidPrivacyParameterError, UnsupportedEventError
-from dpppl.events import NeighbourRelation, PrivacyEvent
+from dpppl.plugin import (
+    Accountant,
+    InvalidPrivacyParameterError,
+    NeighbourRelation,
+    PrivacyEvent,
+    UnsupportedEventError,
+)
 from dpppl_dp_accounting.translation import to_dp_event
 
 

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 
 from dp_accounting.pld import pld_privacy_accountant
 
-from dpppl.accounting import check_epsilon_delta
-from dpppl.calibration import calibrate_noise_multiplier
-from dpppl.events import (
+from dpppl.plugin import (
     ComposedEvent,
     GaussianEvent,
     NeighbourRelation,
     PoissonSampledEvent,
     PrivacyEvent,
+    calibrate_noise_multiplier,
+    check_epsilon_delta,
 )
 from dpppl_dp_accounting.base import DpAccountingAccountant, check_delta, check_epsilon
 from dpppl_dp_accounting.rdp import RdpAccountant

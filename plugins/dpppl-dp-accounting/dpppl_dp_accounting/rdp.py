@@ -7,9 +7,12 @@ from collections.abc import Callable
 
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpppl.accounting import check_epsilon_delta
-from dpppl.calibration import calibrate_noise_multiplier
-from dpppl.events import NeighbourRelation, PrivacyEvent
+from dpppl.plugin import (
+    NeighbourRelation,
+    PrivacyEvent,
+    calibrate_noise_multiplier,
+    check_epsilon_delta,
+)
 from dpppl_dp_accounting.base import DpAccountingAccountant, check_delta, check_epsilon
 from dpppl_dp_accounting.translation import neighboring_relation
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import dp_accounting as dpa
 
-from dpppl.errors import UnsupportedEventError
-from dpppl.events import (
+from dpppl.plugin import (
     ComposedEvent,
     GaussianEvent,
     NeighbourRelation,
@@ -17,6 +16,7 @@ from dpppl.events import (
     PrivacyEvent,
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
+    UnsupportedEventError,
 )
 
 _RELATIONS = {

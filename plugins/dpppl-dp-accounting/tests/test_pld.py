@@ -7,7 +7,7 @@ import math
 import pytest
 
 from dpppl.errors import UnsupportedEventError
-from dpppl.events import (
+from dpppl.privacy.events import (
     GaussianEvent,
     NeighbourRelation,
     PoissonSampledEvent,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpppl.plugins import get_accountant, provider
+from dpppl.plugin.registry import get_accountant, provider
 from dpppl_dp_accounting.pld import PldAccountant
 from dpppl_dp_accounting.rdp import RdpAccountant
 

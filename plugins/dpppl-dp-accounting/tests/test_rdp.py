@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dpppl.errors import InvalidPrivacyParameterError, UnsupportedEventError
-from dpppl.events import (
+from dpppl.privacy.events import (
     GaussianEvent,
     NeighbourRelation,
     SampledWithoutReplacementEvent,

@@ -9,7 +9,7 @@ import dp_accounting as dpa
 import pytest
 
 from dpppl.errors import UnsupportedEventError
-from dpppl.events import (
+from dpppl.privacy.events import (
     ComposedEvent,
     GaussianEvent,
     NeighbourRelation,

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
 
-from dpppl.privacy import clip_rows, gaussian_noise
+from dpppl.plugin import clip_rows, gaussian_noise
 
 
 class Natural(NamedTuple):
@@ -56,7 +56,7 @@ def clip_natural(sites: Natural, bound: float | jax.Array) -> Natural:
 
     ``sites`` has one leading record axis.  η and Λ are clipped separately, as DP-SEP's
     sensitivity analysis requires (Algorithm 3, lines 7 and 12); a block that is not finite
-    becomes zero (:func:`dpppl.privacy.clip_rows`).
+    becomes zero (:func:`dpppl.plugin.clip_rows`).
     """
     eta = clip_rows(sites.eta, bound)
     batch = sites.precision.shape[0]

@@ -22,8 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpppl.errors import ModelNotSupportedError
-from dpppl.record_model import RecordModel
+from dpppl.plugin import ModelNotSupportedError, RecordModel
 from dpppl_dp_sep.families import Family, Natural
 
 #: Newton iterations allowed to find the prior's mode.

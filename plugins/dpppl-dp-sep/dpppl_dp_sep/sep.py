@@ -4,7 +4,7 @@ One global site f (natural parameters θ_f) stands for each of the N likelihood 
 q = p̂₀ f^N.  A step (Algorithm 3 of the DP-SEP paper):
 
 1. cavity q₋₁ = p̂₀ f^(N−1) (natural parameters θ₀ + (N−1)θ_f, :func:`global_natural`);
-2. m records drawn uniformly without replacement (:mod:`dpppl_dp_sep.sampling`);
+2. m records drawn uniformly without replacement (:mod:`dpppl_dp_sep.subsets`);
 3. for each, the site f_n = proj[p̃_n] / q₋₁ of its tilted distribution
    p̃_n ∝ q₋₁ p(x_n | θ) exp(r(θ)/N) (:mod:`dpppl_dp_sep.moments`, :mod:`dpppl_dp_sep.prior`),
    as a power-EP site of power α_n ≤ 1 when the nodes cannot resolve the full tilt;
@@ -37,13 +37,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpppl.privacy import gather
-from dpppl.progress import Progress
-from dpppl.record_model import RecordModel
+from dpppl.plugin import Progress, RecordModel, gather
 from dpppl_dp_sep.families import FAMILIES, Family, Natural, clip_natural
 from dpppl_dp_sep.moments import NodeRule, choose_power, tilted_moments
 from dpppl_dp_sep.prior import GaussianPrior, gaussian_prior, prior_residual
-from dpppl_dp_sep.sampling import uniform_subset
+from dpppl_dp_sep.subsets import uniform_subset
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ import pytest
 import xarray as xr
 
 import dpppl
-from dpppl.events import (
+from dpppl.plugin.registry import get_accountant, provider, registry
+from dpppl.privacy.events import (
     GaussianEvent,
     NeighbourRelation,
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
 )
-from dpppl.plugins import get_accountant, provider, registry
 from dpppl_dp_sep.mechanism import DPSEP
 
 FAST = {"passes": 3.0, "draws": 50, "chains": 2}

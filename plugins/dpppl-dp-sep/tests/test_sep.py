@@ -19,7 +19,6 @@ from dpppl_dp_sep import SEPSettings, run_sep
 from dpppl_dp_sep.families import FAMILIES, Natural, clip_natural
 from dpppl_dp_sep.moments import GaussHermite, Spherical
 from dpppl_dp_sep.prior import gaussian_prior
-from dpppl_dp_sep.sampling import uniform_subset
 from dpppl_dp_sep.sep import (
     Constants,
     centred,
@@ -29,6 +28,7 @@ from dpppl_dp_sep.sep import (
     private_release,
     record_sites,
 )
+from dpppl_dp_sep.subsets import uniform_subset
 
 QUIET = Progress(False)
 

@@ -3,7 +3,7 @@
 Each step Poisson-samples about κN records as a fixed-shape masked batch, takes per-record
 gradients of the mean-field ELBO loss by ``vmap``, multiplies them by the preconditioning vector
 β, clips each to norm C and adds noise to their sum: by default the snapped release
-(:func:`dpppl.privacy.snapped_gaussian_release`: rows rounded to a power-of-two grid g, exact
+(:func:`dpppl.plugin.snapped_gaussian_release`: rows rounded to a power-of-two grid g, exact
 discrete-Gaussian noise of std σ(C + g√d), every output exactly k·g), or N(0, σ²C²) float64
 noise.  It divides the noisy sum by β and takes an SGD step with learning rate λ ⊙ β.  The whole
 loop runs under ``jax.lax.scan``, in chunks so that a progress bar can advance between them.  The
@@ -21,17 +21,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpppl.privacy import (
+from dpppl.plugin import (
+    Progress,
+    RecordModel,
     clip_rows,
     gather,
     gaussian_noise,
+    per_example_grad,
     poisson_batch,
     require_exact,
     snapped_gaussian_release,
     snapped_sensitivity,
 )
-from dpppl.progress import Progress
-from dpppl.record_model import RecordModel, per_example_grad
 
 
 class DPSGDSettings(NamedTuple):
@@ -167,7 +168,7 @@ def run_dpsgd(
     """Run ``steps`` DP-SGD steps from ``phi0``; return the released trace and the final settings.
 
     ``grid``: the power-of-two grid of the snapped release (see
-    :class:`dpppl.privacy.SnappedGaussian`), or None for float64 Gaussian noise.  Every chunk's
+    :class:`dpppl.plugin.SnappedGaussian`), or None for float64 Gaussian noise.  Every chunk's
     snapped releases are checked to be exact before the next chunk runs, and
     :class:`~dpppl.errors.InexactReleaseError` is raised, returning nothing, if one is not.
 

@@ -37,7 +37,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from dpppl.record_model import RecordModel, softplus_inverse
+from dpppl.plugin import RecordModel, softplus_inverse
 from dpppl_na_dpvi.dpsgd import DPSGDSettings
 
 #: C = CLIP_SCALE · √d for standardised per-record gradients of dimension d.

@@ -16,13 +16,24 @@ import jax
 import numpy as np
 import xarray as xr
 
-from dpppl import POSITIVE, Interval, InvalidOptionError, Mechanism, PrivacyPlan, Release
-from dpppl.accounting import Accountant
-from dpppl.errors import InvalidPrivacyParameterError
-from dpppl.events import NeighbourRelation, PrivacyEvent, poisson_subsampled_gaussian
-from dpppl.privacy import PoissonSampler, SnappedGaussian, jax_key
-from dpppl.progress import Progress
-from dpppl.record_model import RecordModel
+from dpppl.plugin import (
+    POSITIVE,
+    Accountant,
+    Interval,
+    InvalidOptionError,
+    InvalidPrivacyParameterError,
+    Mechanism,
+    NeighbourRelation,
+    PoissonSampler,
+    PrivacyEvent,
+    PrivacyPlan,
+    Progress,
+    RecordModel,
+    Release,
+    SnappedGaussian,
+    jax_key,
+    poisson_subsampled_gaussian,
+)
 from dpppl_na_dpvi.convergence import drift_scores, drift_warning
 from dpppl_na_dpvi.dpsgd import DPSGDSettings, Trace, noise_std, run_dpsgd_replicates
 from dpppl_na_dpvi.heuristics import StandardisedSchedule, default_clipping_bound
@@ -105,7 +116,7 @@ class NADPVI(Mechanism):
         How the noisy gradient sums are released.  ``"snapped"`` (default): hardened against
         floating-point attacks; each clipped gradient is rounded to a power-of-two grid g, the
         noise is exact discrete-Gaussian on that grid with std σ(C + g√d), and every released
-        sum is exactly k·g (see :class:`dpppl.privacy.SnappedGaussian`; it costs an extra δ of
+        sum is exactly k·g (see :class:`dpppl.plugin.SnappedGaussian`; it costs an extra δ of
         (1 + e^ε)·T·d·3.6·10⁻¹⁵, in the plan's ``snapping_delta``, so a plan whose δ cannot
         cover that, at large ε, is refused).  ``"float"``: float64 Gaussian noise of std σC,
         as in the paper; the low bits of its outputs can depend on the data (Jin et al. 2022).
@@ -190,7 +201,7 @@ class NADPVI(Mechanism):
         for the rest: batches larger than the sampler's capacity are truncated (probability
         below 10⁻⁴ δ over the whole run), and the snapped release's discrete-Gaussian noise is
         within a total variation of 3.6·10⁻¹⁵ per coordinate and step of the rounded
-        continuous Gaussian the event describes (:class:`dpppl.privacy.SnappedGaussian`).
+        continuous Gaussian the event describes (:class:`dpppl.plugin.SnappedGaussian`).
         Both are charged (1 + e^ε) times their total variation.
         """
         o = self.options

@@ -24,10 +24,10 @@ import pymc as pm
 import pytest
 
 from dpppl.engine import plan_fit, run_mechanism
-from dpppl.plugins import get_mechanism
-from dpppl.privacy import clip_rows
+from dpppl.model.record_model import per_example_grad, record_model
+from dpppl.plugin.registry import get_mechanism
+from dpppl.privacy.noise import clip_rows
 from dpppl.progress import Progress
-from dpppl.record_model import per_example_grad, record_model
 from dpppl_na_dpvi.dpsgd import run_dpsgd
 from dpppl_na_dpvi.heuristics import StandardisedSchedule
 from dpppl_na_dpvi.postprocess import ModelStructure, TraceStatistics, sample_nuts

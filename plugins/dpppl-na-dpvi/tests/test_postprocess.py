@@ -9,7 +9,7 @@ import numpy as np
 import pymc as pm
 import pytest
 
-from dpppl.record_model import record_model, softplus_inverse
+from dpppl.model.record_model import record_model, softplus_inverse
 from dpppl_na_dpvi.postprocess import (
     ModelStructure,
     TraceStatistics,

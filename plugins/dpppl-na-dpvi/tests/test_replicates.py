@@ -7,9 +7,9 @@ import pymc as pm
 import pytest
 from scipy import stats
 
-from dpppl.plugins import get_accountant, get_mechanism
+from dpppl.model.record_model import record_model
+from dpppl.plugin.registry import get_accountant, get_mechanism
 from dpppl.progress import Progress
-from dpppl.record_model import record_model
 
 N = 200
 REPLICATES = 16

@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
-from dpppl.accounting import Accountant, check_epsilon_delta
-from dpppl.calibration import calibrate_noise_multiplier
-from dpppl.events import NeighbourRelation, PrivacyEvent
+from dpppl.plugin import (
+    Accountant,
+    NeighbourRelation,
+    PrivacyEvent,
+    calibrate_noise_multiplier,
+    check_epsilon_delta,
+)
 from dpppl_dp_accounting.base import check_delta, check_epsilon
 from dpppl_dp_accounting.rdp import RdpAccountant
 from dpppl_prv.bounds import delta_upper_bound, epsilon_bounds

@@ -30,7 +30,7 @@ from prv_accountant.privacy_random_variables import (
     PrivacyRandomVariableTruncated,
 )
 
-from dpppl.errors import UnsupportedEventError
+from dpppl.plugin import UnsupportedEventError
 from dpppl_prv.composition import Composition
 
 #: Largest grid (points) a call may build.  A call's own peak memory grows about 0.1 GB per

@@ -12,8 +12,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from dpppl.errors import UnsupportedEventError
-from dpppl.events import (
+from dpppl.plugin import (
     ComposedEvent,
     GaussianEvent,
     NeighbourRelation,
@@ -21,6 +20,7 @@ from dpppl.events import (
     PrivacyEvent,
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
+    UnsupportedEventError,
 )
 
 

@@ -8,7 +8,8 @@ import pytest
 from scipy.stats import norm
 
 from dpppl.errors import InvalidPrivacyParameterError, UnsupportedEventError
-from dpppl.events import (
+from dpppl.plugin.registry import get_accountant, provider
+from dpppl.privacy.events import (
     ComposedEvent,
     GaussianEvent,
     NeighbourRelation,
@@ -16,7 +17,6 @@ from dpppl.events import (
     SelfComposedEvent,
     poisson_subsampled_gaussian,
 )
-from dpppl.plugins import get_accountant, provider
 from dpppl_dp_accounting.rdp import RdpAccountant
 from dpppl_prv import accountant as module
 from dpppl_prv.accountant import EPS_ERROR_FRACTION, PrvAccountant, eps_error, upper_epsilon

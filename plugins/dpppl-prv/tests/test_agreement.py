@@ -14,9 +14,9 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from dpppl.errors import UnsupportedEventError
-from dpppl.events import GaussianEvent, NeighbourRelation, SelfComposedEvent
-from dpppl.events import poisson_subsampled_gaussian as dp_sgd
-from dpppl.plugins import get_accountant
+from dpppl.plugin.registry import get_accountant
+from dpppl.privacy.events import GaussianEvent, NeighbourRelation, SelfComposedEvent
+from dpppl.privacy.events import poisson_subsampled_gaussian as dp_sgd
 from dpppl_prv.accountant import DELTA_ERROR_FRACTION, eps_error
 from dpppl_prv.bounds import epsilon_bounds
 from dpppl_prv.composition import composition_of

@@ -13,8 +13,8 @@ from prv_accountant.privacy_random_variables import PrivacyRandomVariableTruncat
 from scipy.stats import norm
 
 from dpppl.errors import UnsupportedEventError
-from dpppl.events import GaussianEvent, NeighbourRelation, SelfComposedEvent
-from dpppl.events import poisson_subsampled_gaussian as dp_sgd
+from dpppl.privacy.events import GaussianEvent, NeighbourRelation, SelfComposedEvent
+from dpppl.privacy.events import poisson_subsampled_gaussian as dp_sgd
 from dpppl_prv.bounds import (
     SinglePassCellCentred,
     delta_upper_bound,

@@ -8,7 +8,7 @@ from typing import ClassVar
 import pytest
 
 from dpppl.errors import UnsupportedEventError
-from dpppl.events import (
+from dpppl.privacy.events import (
     ComposedEvent,
     GaussianEvent,
     NeighbourRelation,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dpppl import DPPPLError
+from dpppl.plugin import DPPPLError
 
 
 class SwagPPMError(DPPPLError):

@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpppl import RecordModel
-from dpppl.progress import Progress, Task
+from dpppl.plugin import Progress, RecordModel, Task
 from dpppl_swag_ppm.batches import Data
 from dpppl_swag_ppm.errors import CalibrationError, SwagPPMError
 from dpppl_swag_ppm.ppm import local_sensitivity, record_risks, reweight, risk_weights

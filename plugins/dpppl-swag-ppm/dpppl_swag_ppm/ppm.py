@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpppl import RecordModel
+from dpppl.plugin import RecordModel
 from dpppl_swag_ppm.batches import Data, in_chunks
 
 #: Upper bound on draws × records of log-likelihood held at once in :func:`record_risks`.

@@ -40,10 +40,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dpppl import RecordModel
-from dpppl.privacy import gather
-from dpppl.progress import Task
-from dpppl.record_model import per_example_grad
+from dpppl.plugin import RecordModel, Task, gather, per_example_grad
 from dpppl_swag_ppm.batches import Data, in_chunks, neutralise
 from dpppl_swag_ppm.errors import TrainingDivergedError
 from dpppl_swag_ppm.swag import SwagState, swag_collect, swag_init

@@ -20,17 +20,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpppl import (
+from dpppl.plugin import (
     POSITIVE,
+    GaussianEvent,
     Interval,
     Mechanism,
     ModelNotSupportedError,
+    PrivacyEvent,
     PrivacyPlan,
+    Progress,
     RecordModel,
     Release,
 )
-from dpppl.events import GaussianEvent, PrivacyEvent
-from dpppl.progress import Progress
 
 #: Grid points of the posterior over mu.
 GRID = 4001

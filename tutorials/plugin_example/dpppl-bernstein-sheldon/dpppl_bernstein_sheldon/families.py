@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpppl import ModelNotSupportedError, RecordModel
+from dpppl.plugin import ModelNotSupportedError, RecordModel
 
 #: Moments (mean (K,), covariance (K, K)) of the bounded statistic of one record at θ.
 Moments = Callable[[jax.Array], tuple[jax.Array, jax.Array]]

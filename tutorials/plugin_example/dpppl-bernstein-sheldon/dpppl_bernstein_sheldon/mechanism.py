@@ -27,9 +27,17 @@ import numpy as np
 import xarray as xr
 from scipy import optimize, stats
 
-from dpppl import POSITIVE, Mechanism, NeighbourRelation, PrivacyPlan, RecordModel, Release
-from dpppl.events import GaussianEvent, PrivacyEvent
-from dpppl.progress import Progress
+from dpppl.plugin import (
+    POSITIVE,
+    GaussianEvent,
+    Mechanism,
+    NeighbourRelation,
+    PrivacyEvent,
+    PrivacyPlan,
+    Progress,
+    RecordModel,
+    Release,
+)
 from dpppl_bernstein_sheldon.families import Family, family_of
 
 #: Degrees of freedom of the importance proposal: heavy tails keep the weights bounded when the

@@ -1,0 +1,312 @@
+"""The compiled record model agrees with PyMC itself on every kind of model it accepts."""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pymc as pm
+import pytest
+
+import dpppl
+from dpppl.model.record_model import (
+    compiled_models,
+    per_example_grad,
+    record_model,
+    softplus_inverse,
+)
+
+
+def _point(model, theta):
+    """θ as PyMC's dict of value-variable arrays."""
+    compiled = record_model(model)
+    return {
+        block.value_name: np.asarray(value)
+        for block, value in zip(compiled.parameters.blocks, compiled.parameters.unflatten(theta))
+    }
+
+
+def _theta(model, seed=0):
+    compiled = record_model(model)
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(compiled.initial_point() + 0.3 * rng.normal(size=compiled.n_params))
+
+
+def test_per_record_loglik_equals_pymc_elementwise_logp(any_model):
+    compiled = record_model(any_model)
+    theta = _theta(any_model)
+    ours = compiled.loglik(theta, compiled.data())
+    terms = any_model.logp(vars=any_model.observed_RVs, sum=False)
+    terms += [any_model.replace_rvs_by_values([p])[0] for p in compiled.structure.record_potentials]
+    theirs = sum(
+        np.asarray(v).reshape(compiled.n_records, -1).sum(axis=1)
+        for v in any_model.compile_fn(terms, point_fn=True)(_point(any_model, theta))
+    )
+    assert ours.shape == (compiled.n_records,)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-10)
+
+
+def test_log_prior_with_jacobian_equals_pymc(any_model):
+    compiled = record_model(any_model)
+    theta = _theta(any_model, seed=1)
+    prior_terms = any_model.free_RVs + list(compiled.structure.prior_potentials)
+    theirs = any_model.compile_fn(any_model.logp(vars=prior_terms, jacobian=True))(
+        _point(any_model, theta)
+    )
+    np.testing.assert_allclose(compiled.logprior(theta), theirs, rtol=1e-10)
+
+
+def test_log_prior_and_likelihood_add_up_to_the_model_logp(any_model):
+    compiled = record_model(any_model)
+    theta = _theta(any_model, seed=2)
+    theirs = any_model.compile_logp()(_point(any_model, theta))
+    np.testing.assert_allclose(compiled.logp(theta, compiled.data()), theirs, rtol=1e-10)
+
+
+def test_potential_without_data_is_part_of_the_prior(any_model):
+    compiled = record_model(any_model)
+    names = [p.name for p in compiled.structure.prior_potentials]
+    assert names == [p.name for p in any_model.potentials]
+
+
+def test_constrained_round_trip_is_exact(any_model):
+    compiled = record_model(any_model)
+    theta = _theta(any_model, seed=3)
+    constrained = compiled.constrain(theta)
+    recovered = []
+    for block, rv in zip(compiled.parameters.blocks, any_model.free_RVs, strict=True):
+        transform = any_model.rvs_to_transforms.get(rv)
+        value = np.asarray(constrained[block.name])
+        if transform is not None:
+            value = transform.forward(value, *rv.owner.op.dist_params(rv.owner)).eval()
+        recovered.append(np.asarray(value).reshape(-1))
+    np.testing.assert_allclose(np.concatenate(recovered), theta, rtol=1e-12, atol=1e-12)
+
+
+def test_constrained_values_have_model_shapes(any_model):
+    compiled = record_model(any_model)
+    constrained = compiled.constrain(_theta(any_model))
+    for rv in any_model.free_RVs:
+        expected = tuple(any_model.initial_point()[any_model.rvs_to_values[rv].name].shape)
+        if any_model.rvs_to_transforms.get(rv) is None:
+            assert np.shape(constrained[rv.name]) == expected
+    assert set(constrained) >= {rv.name for rv in any_model.free_RVs}
+
+
+def test_elbo_matches_pymc_advi_objective_for_the_same_q(any_model):
+    """Σ_i ℓ_i is minus the ELBO; PyMC's ADVI computes the same objective (std = softplus(ρ))."""
+    compiled = record_model(any_model)
+    n = compiled.n_params
+    rng = np.random.default_rng(4)
+    mu = compiled.initial_point() + 0.1 * rng.normal(size=n)
+    rho = np.full(n, -1.5) + 0.2 * rng.normal(size=n)
+    advi = pm.ADVI(model=any_model, random_seed=5)
+    advi.approx.shared_params["mu"].set_value(mu)
+    advi.approx.shared_params["rho"].set_value(rho)
+    draws = 20_000
+    theirs = np.mean([advi.objective.score_function(sc_n_mc=draws)() for _ in range(3)])
+
+    std = np.log1p(np.exp(rho))
+    phi = jnp.asarray(np.concatenate([mu, softplus_inverse(std**2)]))
+    eps = jax.random.normal(jax.random.key(6), (draws, n))
+    ours = jnp.sum(compiled.elbo_loss(phi, compiled.data(), eps, compiled.n_records))
+    # Both are Monte Carlo estimates of the same number; their errors are independent.
+    per_draw = jax.vmap(
+        lambda e: jnp.sum(compiled.elbo_loss(phi, compiled.data(), e[None], compiled.n_records))
+    )(eps[:2000])
+    mc_error = float(jnp.std(per_draw)) / np.sqrt(draws)
+    assert abs(float(ours) - theirs) < 5 * mc_error + 1e-6 * abs(theirs)
+
+
+def test_per_example_gradients_agree_with_finite_differences(any_model):
+    compiled = record_model(any_model)
+    n = compiled.n_params
+    phi = jnp.concatenate([jnp.asarray(compiled.initial_point()), jnp.full(n, -2.0)])
+    eps = jax.random.normal(jax.random.key(7), (4, n))
+    batch = {k: v[:5] for k, v in compiled.data().items()}
+    grads = per_example_grad(compiled.elbo_loss, n_args=2)(phi, batch, eps, compiled.n_records)
+    assert grads.shape == (5, 2 * n)
+    h = 1e-6
+    for j in range(2 * n):
+        step = jnp.zeros(2 * n).at[j].set(h)
+        numeric = (
+            compiled.elbo_loss(phi + step, batch, eps, compiled.n_records)
+            - compiled.elbo_loss(phi - step, batch, eps, compiled.n_records)
+        ) / (2 * h)
+        np.testing.assert_allclose(grads[:, j], numeric, rtol=1e-5, atol=1e-6)
+
+
+def test_record_data_are_inputs_not_constants(regression_model):
+    compiled = record_model(regression_model)
+    theta = _theta(regression_model)
+    new_x = np.linspace(-1, 1, compiled.n_records)
+    new_y = 3 - new_x
+    with regression_model:
+        pm.set_data({"X": new_x})
+    regression_model.rvs_to_values[regression_model["y"]]  # observed numpy stays in the graph
+    batch = {"X": new_x, "y": new_y}
+    ours = compiled.loglik(theta, batch)
+    point = _point(regression_model, theta)
+    expected = pm.logp(pm.Normal.dist(point["intercept"] + point["slope"] * new_x,
+                                      np.exp(point["sigma_log__"])), new_y).eval()
+    np.testing.assert_allclose(ours, expected, rtol=1e-10)
+    assert record_model(regression_model).compiled is compiled.compiled  # nothing recompiled
+
+
+def test_batches_of_any_size_share_one_compilation(regression_model):
+    compiled = record_model(regression_model)
+    theta = _theta(regression_model)
+    fn = jax.jit(compiled.loglik)
+    data = compiled.data()
+    first = fn(theta, {k: v[:7] for k, v in data.items()})
+    second = fn(theta, {k: v[7:14] for k, v in data.items()})
+    np.testing.assert_allclose(
+        np.concatenate([first, second]), compiled.loglik(theta, data)[:14], rtol=1e-12
+    )
+    assert fn._cache_size() == 1
+
+
+def test_weighted_loglik_is_the_weighted_sum(regression_model):
+    compiled = record_model(regression_model)
+    theta = _theta(regression_model)
+    data = compiled.data()
+    weights = jnp.linspace(0, 1, compiled.n_records)
+    np.testing.assert_allclose(
+        compiled.weighted_loglik(theta, data, weights),
+        jnp.sum(weights * compiled.loglik(theta, data)),
+    )
+
+
+def test_record_loglik_is_one_entry_of_the_batch(regression_model):
+    compiled = record_model(regression_model)
+    theta = _theta(regression_model)
+    data = compiled.data()
+    one = {k: v[3] for k, v in data.items()}
+    np.testing.assert_allclose(compiled.record_loglik(theta, one), compiled.loglik(theta, data)[3])
+
+
+def test_deterministics_that_read_data_stay_out_of_the_posterior():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=30)
+    with pm.Model() as model:
+        a = pm.Normal("a")
+        b = pm.Normal("b")
+        pm.Deterministic("ab", a * b)
+        pm.Deterministic("mean_per_record", a + b * x)
+        pm.Normal("y", a + b * x, 1, observed=x + rng.normal(size=30))
+    compiled = record_model(model)
+    assert compiled.constrained_names == ["a", "b", "ab"]
+
+
+@pytest.mark.parametrize("observed_as", ["numpy", "data"])
+def test_numpy_and_pm_data_observations_give_the_same_loglik(observed_as):
+    rng = np.random.default_rng(2)
+    y = rng.normal(size=25)
+    with pm.Model() as model:
+        mu = pm.Normal("mu")
+        observed = pm.Data("Y", y) if observed_as == "data" else y
+        pm.Normal("y", mu, 1, observed=observed, shape=y.shape if observed_as == "data" else None)
+    compiled = record_model(model)
+    theta = jnp.array([0.4])
+    np.testing.assert_allclose(
+        compiled.loglik(theta, compiled.data()), pm.logp(pm.Normal.dist(0.4, 1), y).eval()
+    )
+
+
+# -- one compilation per model structure ----------------------------------------------------------
+
+
+def _beta_bernoulli(y, a=1.0, b=1.0):
+    with pm.Model(coords={"obs": range(len(y))}) as model:
+        p = pm.Beta("p", a, b)
+        pm.Bernoulli("y", p=p, observed=y, dims="obs")
+    return model
+
+
+def test_freshly_built_models_of_one_structure_share_one_compilation():
+    """Users rebuild their model for every fit; the data and N are inputs, not structure."""
+    rng = np.random.default_rng(0)
+    first = record_model(_beta_bernoulli(rng.binomial(1, 0.3, 50)))
+    again = record_model(_beta_bernoulli(rng.binomial(1, 0.7, 50)))
+    bigger = record_model(_beta_bernoulli(rng.binomial(1, 0.3, 80)))
+    assert again is not first
+    assert again.compiled is first.compiled and bigger.compiled is first.compiled
+    assert (again.n_records, bigger.n_records) == (50, 80)
+
+
+def test_another_prior_is_another_structure():
+    y = np.ones(20, dtype=int)
+    assert record_model(_beta_bernoulli(y, 2.0)).compiled is not record_model(
+        _beta_bernoulli(y)
+    ).compiled
+
+
+def test_mechanism_caches_are_kept_per_number_of_records():
+    """Mechanisms may compile N into what they cache."""
+    small = record_model(_beta_bernoulli(np.ones(30, dtype=int)))
+    large = record_model(_beta_bernoulli(np.ones(60, dtype=int)))
+    small.cached("n", lambda: 30)
+    assert large.cached("n", lambda: 60) == 60
+    assert record_model(_beta_bernoulli(np.zeros(30, dtype=int))).cached("n", lambda: 0) == 30
+
+
+def test_set_data_on_data_that_are_not_records_changes_the_function():
+    """Non-record pm.Data are compiled in as constants: a new value must not be served stale."""
+    with pm.Model() as model:
+        scale = pm.Data("scale", 1.0)
+        mu = pm.Normal("mu", 0, scale)
+        pm.Normal("y", mu, 1, observed=np.zeros(10))
+    theta = np.array([1.0])
+    before = float(record_model(model).logprior(theta))
+    with model:
+        pm.set_data({"scale": 2.0})
+    after = float(record_model(model).logprior(theta))
+    assert after == pytest.approx(before + np.log(0.5) + 0.5 - 0.125)
+
+
+def test_a_fitted_model_is_freed_when_its_user_drops_it():
+    """What mechanisms cache is shared by structure and keeps the RecordModel it was given; that
+    must not keep the model, and with it a data set, alive."""
+    model = _beta_bernoulli(np.ones(25, dtype=int))
+    with model:
+        dpppl.sample(mechanism="na-dpvi", epsilon=1.0, delta=1e-3, progressbar=False,
+                     steps=100, burn_in=0.0, inference="laplace", chains=1, draws=20)
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
+
+
+def test_a_record_model_keeps_its_model_alive_unless_asked_not_to():
+    held = record_model(_beta_bernoulli(np.ones(25, dtype=int)))
+    gc.collect()
+    assert held.data()["y"].shape == (25,)
+    weak = record_model(_beta_bernoulli(np.ones(25, dtype=int)), hold_model=False)
+    gc.collect()
+    with pytest.raises(ReferenceError, match="no longer exists"):
+        weak.data()
+
+
+def test_the_process_keeps_a_bounded_number_of_structures(monkeypatch):
+    monkeypatch.setattr(compiled_models(), "size", 3)
+    y = np.ones(10, dtype=int)
+    for a in np.linspace(1.0, 2.0, 6):
+        record_model(_beta_bernoulli(y, a))
+    assert len(compiled_models()) <= 3
+
+
+def test_the_structure_key_holds_no_record_value():
+    """Keys are compared and kept in memory: the records are inputs, so none of their values (or
+    digests of them) may be part of one."""
+    y = np.zeros(40, dtype=int)
+    y[7] = 1
+    compiled = record_model(_beta_bernoulli(y))
+    hashed = hashlib.blake2b(digest_size=16)
+    hashed.update(f"{y.dtype.str}{y.shape}".encode())
+    hashed.update(y.tobytes())
+    key = next(k for k, v in compiled_models()._entries.items() if v is compiled.compiled)
+    assert hashed.hexdigest() not in repr(key)

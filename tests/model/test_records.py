@@ -1,0 +1,161 @@
+"""Finding the records of a model, and refusing models without per-record structure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+import pytest
+
+from dpppl import InvalidDataError, ModelNotSupportedError
+from dpppl.model.record_model import record_model
+from dpppl.model.records import find_records
+
+
+def test_records_are_the_observed_values_and_the_data_they_depend_on(regression_model):
+    structure = find_records(regression_model)
+    assert structure.dim == "obs"
+    assert structure.n_records == 40
+    assert structure.names == ("X", "y")
+
+
+def test_records_can_be_named_explicitly(regression_model):
+    assert find_records(regression_model, records="obs").names == ("X", "y")
+
+
+def test_a_named_record_dimension_must_exist(regression_model):
+    with pytest.raises(ModelNotSupportedError, match=r"records='rows' is not a dimension.*'obs'"):
+        find_records(regression_model, records="rows")
+
+
+def test_covariates_given_as_numpy_arrays_are_found():
+    x = np.arange(10.0)
+    with pm.Model() as model:
+        b = pm.Normal("b")
+        pm.Normal("y", b * x, 1, observed=x)
+    structure = find_records(model)
+    assert structure.names == ("covariate_0", "y")
+    assert structure.n_records == 10
+
+
+def test_a_model_without_observed_variables_is_refused():
+    with pm.Model() as model:
+        pm.Normal("x")
+    with pytest.raises(ModelNotSupportedError, match="no observed variable.*observed="):
+        find_records(model)
+
+
+def test_observed_variables_must_agree_on_the_records():
+    with pm.Model(coords={"obs": range(5), "group": range(3)}) as model:
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1, observed=np.zeros(5), dims="obs")
+        pm.Normal("z", mu, 1, observed=np.zeros(3), dims="group")
+    with pytest.raises(ModelNotSupportedError, match="disagree on the record dimension.*records="):
+        find_records(model)
+
+
+def test_a_likelihood_over_all_records_at_once_is_refused():
+    with pm.Model() as model:
+        mu = pm.Normal("mu", shape=4)
+        pm.MvNormal("y", mu, np.eye(4), observed=np.zeros(4))
+    with pytest.raises(ModelNotSupportedError, match="no per-record axis"):
+        find_records(model)
+
+
+def test_discrete_free_variables_are_refused_with_a_way_out():
+    with pm.Model() as model:
+        k = pm.Categorical("k", p=[0.5, 0.5])
+        pm.Normal("y", pt.switch(pt.eq(k, 0), -1.0, 1.0), 1, observed=np.zeros(6))
+    with pytest.raises(ModelNotSupportedError, match="'k' is discrete.*pm.NormalMixture"):
+        find_records(model)
+
+
+def test_per_record_latent_variables_are_refused():
+    with pm.Model(coords={"obs": range(6)}) as model:
+        z = pm.Normal("z", dims="obs")
+        pm.Normal("y", z, 1, observed=np.zeros(6), dims="obs")
+    with pytest.raises(ModelNotSupportedError, match="'z' has the record dimension 'obs'"):
+        find_records(model)
+
+
+def test_per_record_latent_variables_without_dims_are_refused():
+    from dpppl.model.record_model import record_model
+
+    with pm.Model() as model:
+        z = pm.Normal("z", shape=6)
+        pm.Normal("y", z, 1, observed=np.zeros(6))
+    with pytest.raises(ModelNotSupportedError, match=r"does not factorise.*\['z'\]"):
+        record_model(model)
+
+
+def test_a_potential_over_all_records_is_refused():
+    x = np.ones(5)
+    with pm.Model() as model:
+        X = pm.Data("X", x)
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1, observed=X)
+        pm.Potential("total", -((X - mu) ** 2).sum())
+    with pytest.raises(ModelNotSupportedError, match="Potential 'total'.*per-record axis"):
+        find_records(model)
+
+
+@pytest.mark.parametrize("aggregate", [
+    lambda mu, X: (mu * X.sum())[None],
+    lambda mu, X: (-((X - mu) ** 2).sum()).reshape((1,)),
+])
+def test_a_length_one_potential_over_all_records_is_refused(aggregate):
+    """A (1,)-shaped aggregate broadcasts against a batch of any size, so the record-axis probe
+    of the summed log-likelihood took it for a per-record term, and the model fitted was silently
+    another one."""
+    with pm.Model(coords={"obs": range(5)}) as model:
+        X = pm.Data("X", np.linspace(0.0, 1.0, 5), dims="obs")
+        mu = pm.Normal("mu", 0, 1)
+        pm.Normal("y", mu * X, 1, observed=np.zeros(5), dims="obs")
+        pm.Potential("agg", aggregate(mu, X))
+    with pytest.raises(ModelNotSupportedError, match=r"'agg'.*gave \(1,\) instead of shape \(3,\)"):
+        record_model(model)
+
+
+def test_a_per_record_potential_is_part_of_the_likelihood():
+    with pm.Model(coords={"obs": range(5)}) as model:
+        X = pm.Data("X", np.linspace(0.0, 1.0, 5), dims="obs")
+        mu = pm.Normal("mu", 0, 1)
+        pm.Normal("y", mu * X, 1, observed=np.zeros(5), dims="obs")
+        pm.Potential("penalty", -((X - mu) ** 2))
+    compiled = record_model(model)
+    theta = np.array([0.3])
+    batch = {name: value[:3] for name, value in compiled.data().items()}
+    x = np.linspace(0.0, 1.0, 5)[:3]
+    expected = -0.5 * (0.3 * x) ** 2 - 0.5 * np.log(2 * np.pi) - (x - 0.3) ** 2
+    np.testing.assert_allclose(np.asarray(compiled.loglik(theta, batch)), expected)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_or_infinite_data_are_refused_without_saying_which_record(bad):
+    # pm.Data refuses NaN itself; a covariate given as a numpy array is checked by dpppl.
+    x = np.arange(8.0)
+    x[3] = bad
+    with pm.Model() as model:
+        b = pm.Normal("b")
+        pm.Normal("y", b * x, 1, observed=np.zeros(8))
+    with pytest.raises(InvalidDataError, match="'covariate_0' contain NaN or infinite") as error:
+        find_records(model)
+    assert "3" not in str(error.value)
+
+
+def test_missing_observations_are_refused_instead_of_imputed():
+    y = np.array([0.1, np.nan, 0.3, 0.2])
+    with pytest.warns(Warning):
+        with pm.Model() as model:
+            mu = pm.Normal("mu")
+            pm.Normal("y", mu, 1, observed=y)
+    with pytest.raises(InvalidDataError, match="'y' has missing values"):
+        find_records(model)
+
+
+def test_an_empty_data_set_is_refused():
+    with pm.Model() as model:
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1, observed=pm.Data("Y", np.zeros(0)), shape=(0,))
+    with pytest.raises((InvalidDataError, ModelNotSupportedError), match="no records|no per-record"):
+        find_records(model)
