@@ -29,27 +29,25 @@ from typing import Annotated, Literal
 import numpy as np
 import xarray as xr
 
-from dpppl import (
+from dpppl.plugin import (
     NON_NEGATIVE,
     POSITIVE,
+    Accountant,
+    GaussianEvent,
     Interval,
     InvalidOptionError,
     Mechanism,
-    PrivacyPlan,
-    Release,
-)
-from dpppl.accounting import Accountant
-from dpppl.errors import ModelNotSupportedError
-from dpppl.events import (
-    GaussianEvent,
+    ModelNotSupportedError,
     NeighbourRelation,
     PrivacyEvent,
+    PrivacyPlan,
+    Progress,
+    RecordModel,
+    Release,
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
+    jax_key,
 )
-from dpppl.privacy import jax_key
-from dpppl.progress import Progress
-from dpppl.record_model import RecordModel
 from dpppl_dp_sep.families import Natural
 from dpppl_dp_sep.moments import GaussHermite, MonteCarlo, NodeRule, Spherical
 from dpppl_dp_sep.prior import prior_mode
@@ -187,7 +185,7 @@ class DPSEP(Mechanism):
         or a node rule too large for the model, and a prior with no Gaussian approximation."""
         d = model.n_params
         if self.options.batch_size > model.n_records:
-            raise ValueError(
+            raise InvalidOptionError(
                 f"dp-sep option batch_size ({self.options.batch_size}) exceeds the number of "
                 f"records ({model.n_records})"
             )

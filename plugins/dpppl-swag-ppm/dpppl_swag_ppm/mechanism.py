@@ -16,20 +16,20 @@ from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 
-from dpppl import (
+from dpppl.plugin import (
     NON_NEGATIVE,
     POSITIVE,
+    Accountant,
     Interval,
     InvalidOptionError,
     Mechanism,
     NeighbourRelation,
     PrivacyPlan,
+    Progress,
     RecordModel,
     Release,
+    jax_key,
 )
-from dpppl.accounting import Accountant
-from dpppl.privacy import jax_key
-from dpppl.progress import Progress
 from dpppl_swag_ppm.batches import to_device
 from dpppl_swag_ppm.fitting import PPMFitter
 from dpppl_swag_ppm.sgd import (
@@ -188,7 +188,7 @@ class SwagPPM(Mechanism):
         o = self.options
         batch_size = o.batch_size if o.batch_size is not None else default_batch_size(n_records)
         if batch_size > n_records:
-            raise ValueError(
+            raise InvalidOptionError(
                 f"batch_size ({batch_size}) exceeds the number of records ({n_records})"
             )
         steps = n_records // batch_size
@@ -209,7 +209,7 @@ class SwagPPM(Mechanism):
             preconditioner=preconditioner,
         )
         if schedule.collections < 2:
-            raise ValueError(
+            raise InvalidOptionError(
                 f"swag_epochs={o.swag_epochs} with collect_every={schedule.collect_every} steps "
                 f"({steps} steps per epoch) collects {schedule.collections} iterate(s); SWAG needs "
                 "at least 2"

@@ -15,7 +15,7 @@ import xarray as xr
 
 import dpppl
 import dpppl.engine
-from dpppl.plugins import provider, registry
+from dpppl.plugin.registry import provider, registry
 from dpppl.progress import Progress, Task
 from dpppl_swag_ppm import GUARANTEE
 from dpppl_swag_ppm.fitting import PPMFitter
@@ -77,7 +77,7 @@ class TestPlan:
         ],
     )
     def test_impossible_schedules_are_refused_before_the_data_are_read(self, options, message):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(dpppl.InvalidOptionError, match=message):
             SwagPPM(**options).plan(n_records=1000, epsilon=1.0, delta=1e-5, accountant=None)
 
     def test_the_core_chooses_no_accountant_for_it(self):
