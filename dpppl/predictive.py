@@ -27,7 +27,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.traversal import ancestors
 
 from dpppl.errors import PrivateDataError
-from dpppl.model.records import find_records, pymc_model
+from dpppl.model.record_structure import find_records, pymc_model
 
 #: The groups of PyMC's answer that hold draws; the others hold data.
 DRAW_GROUPS = ("posterior_predictive", "predictions")

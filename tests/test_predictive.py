@@ -29,7 +29,7 @@ def regression():
 
 
 def _records(model):
-    from dpppl.model.records import find_records
+    from dpppl.model.record_structure import find_records
 
     return {v.name: v for v in find_records(model).variables}
 

@@ -16,7 +16,7 @@ that they are finite (:func:`dpppl.model.record_model`).
 
 The replicates run on :func:`dpppl.diagnostics.executors.map_chunks`: local processes by default, a
 ``dask.distributed`` cluster when given a client.  The private records never leave this process:
-workers get a copy of the model without them (:func:`dpppl.model.records.without_records`) and a
+workers get a copy of the model without them (:func:`dpppl.model.record_structure.without_records`) and a
 mechanism made afresh from its class and options.  The copy keeps the model's structure, its
 non-record ``pm.Data`` and the coordinates of its other dimensions: dpppl treats those as public
 model structure, so they must not be derived from the private data.  Only
@@ -54,7 +54,7 @@ from dpppl.diagnostics.executors import check_executor, map_chunks
 from dpppl.engine import plan_fit
 from dpppl.errors import InvalidDataError, InvalidPrivacyParameterError, PrivacyWarning
 from dpppl.model.record_model import RecordModel, record_model
-from dpppl.model.records import without_records
+from dpppl.model.record_structure import without_records
 from dpppl.model.simulation import Simulator, simulator
 from dpppl.plugin.mechanism import Mechanism, PrivacyPlan
 from dpppl.plugin.registry import get_mechanism
@@ -208,7 +208,7 @@ def tarp(
         the references, its width and the distance.
     client
         A ``dask.distributed.Client``: the replicates run on its cluster.  Workers (local or
-        Dask) get the model without its records (see :func:`dpppl.model.records.without_records`).
+        Dask) get the model without its records (see :func:`dpppl.model.record_structure.without_records`).
     n_workers
         Local worker processes when no client is given (default: the CPUs available).
         ``n_workers=1`` runs everything in this process.  Worker processes start with
@@ -666,7 +666,7 @@ def _thin(draws: np.ndarray, n_draws: int | None) -> np.ndarray:
 def _run_remote(model_bytes: bytes, study_bytes: bytes, seeds: list) -> _Chunk:
     """A chunk of replicates in a worker process.
 
-    The worker gets the data-free copy of the model (:func:`~dpppl.model.records.without_records`) and
+    The worker gets the data-free copy of the model (:func:`~dpppl.model.record_structure.without_records`) and
     its structure; a ``RecordModel`` holds its model weakly, so the copy is kept here while the
     chunk runs.  Compilations are shared by structure, so later chunks on this worker reuse them.
     """

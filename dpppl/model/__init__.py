@@ -1,6 +1,6 @@
 """The model as records: a PyMC model split into per-record log-likelihood terms, compiled to JAX.
 
-records
+record_structure
     Which observed variables and data hold one entry per record, and how to gather them.
 record_model
     :class:`RecordModel`: the per-record log-likelihood, the prior, the ELBO and their gradients.

@@ -41,7 +41,7 @@ from pytensor.tensor.random.type import RandomGeneratorType
 from dpppl.errors import InvalidDataError, ModelNotSupportedError
 from dpppl.model.jax_compile import jaxify
 from dpppl.model.locality import is_record_local
-from dpppl.model.records import RecordStructure, find_records, pymc_model
+from dpppl.model.record_structure import RecordStructure, find_records, pymc_model
 
 Batch = Mapping[str, jax.Array]
 
@@ -287,7 +287,7 @@ class RecordModel:
     model
         The PyMC model.
     structure
-        Its records, from :func:`dpppl.model.records.find_records`.
+        Its records, from :func:`dpppl.model.record_structure.find_records`.
 
     Attributes
     ----------
@@ -371,7 +371,7 @@ class RecordModel:
 
     @property
     def structure(self) -> RecordStructure:
-        """The records found in the model (see :func:`dpppl.model.records.find_records`)."""
+        """The records found in the model (see :func:`dpppl.model.record_structure.find_records`)."""
         return self._structures[self.model]
 
     @structure.setter
@@ -732,7 +732,7 @@ def record_model(
     model: pm.Model | None = None, records: str | None = None, *, hold_model: bool = True
 ) -> RecordModel:
     """The compiled :class:`RecordModel` of ``model`` (or of the model in the ``with`` context, or
-    of a ``bambi.Model``: see :func:`dpppl.model.records.pymc_model`).
+    of a ``bambi.Model``: see :func:`dpppl.model.record_structure.pymc_model`).
 
     The compilation is looked up by the model's structure (its graph, with the record arrays as
     inputs, and N), so a freshly built model of the same structure as one before it compiles

@@ -22,7 +22,7 @@ import xarray as xr
 
 import dpppl
 from dpppl.model.record_model import RecordModel, record_model
-from dpppl.model.records import without_records
+from dpppl.model.record_structure import without_records
 from dpppl.model.simulation import simulator
 from dpppl.testing import example_models, find_in_bytes
 

@@ -9,7 +9,7 @@ import pytest
 
 from dpppl import InvalidDataError, ModelNotSupportedError
 from dpppl.model.record_model import record_model
-from dpppl.model.records import find_records
+from dpppl.model.record_structure import find_records
 
 
 def test_records_are_the_observed_values_and_the_data_they_depend_on(regression_model):
