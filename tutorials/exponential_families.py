@@ -52,7 +52,6 @@ import pymc as pm
 import xarray as xr
 
 import dpppl
-from dpppl.plugin.registry import registry
 
 N_RECORDS = 5000
 EPSILON = 0.1
@@ -112,7 +111,7 @@ MODELS = {"m1": gamma_exponential, "m2": beta_bernoulli, "m3": dirichlet_categor
 
 def bernstein_sheldon() -> tuple[str | None, str]:
     """The baseline's mechanism name, or None and the reason it is not available."""
-    installed = registry().mechanisms
+    installed = dpppl.mechanisms()
     for name in BERNSTEIN_SHELDON_NAMES:
         if name in installed:
             return name, f"mechanism {name!r} is installed"

@@ -54,9 +54,7 @@ from dp_accounting.rdp import RdpAccountant
 from scipy import optimize
 
 import dpppl
-from dpppl.model.record_model import per_example_grad
-from dpppl.privacy.noise import clip_rows, gaussian_noise
-from dpppl.privacy.subsampling import PoissonSampler, gather
+from dpppl.plugin import PoissonSampler, clip_rows, gather, gaussian_noise, per_example_grad
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 DELTA = 1e-5

@@ -25,7 +25,8 @@ import pymc as pm
 import pytensor.gradient
 import pytest
 
-from dpppl.model.record_model import RecordModel, find_records, per_example_grad
+from dpppl.model.record_model import RecordModel, per_example_grad
+from dpppl.model.record_structure import find_records
 
 BATCHES = (100, 1000)
 
