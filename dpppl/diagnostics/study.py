@@ -26,17 +26,14 @@ worker compiles the model once.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import inspect
 import json
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-import cloudpickle
 import numpy as np
 import pymc as pm
 import xarray as xr
@@ -51,19 +48,24 @@ from dpppl.diagnostics import (
     tarp_coverage,
 )
 from dpppl.diagnostics.executors import check_executor, map_chunks
+from dpppl.diagnostics.replicates import (
+    Covariates,
+    Replicates,
+    ReplicateSeeds,
+    children,
+    covariates_for,
+    remote_runner,
+    root_seed,
+)
 from dpppl.engine import plan_fit
 from dpppl.errors import InvalidDataError, InvalidPrivacyParameterError, PrivacyWarning
 from dpppl.model.record_model import RecordModel, record_model
-from dpppl.model.record_structure import without_records
 from dpppl.model.simulation import Simulator, simulator
-from dpppl.plugin.mechanism import Mechanism, PrivacyPlan
+from dpppl.plugin.mechanism import PrivacyPlan
 from dpppl.plugin.registry import get_mechanism
 from dpppl.privacy.budget import check_epsilon_delta
-from dpppl.progress import Progress
 from dpppl.results import PrivacyMetadata
 from dpppl.version import __version__
-
-Covariates = Mapping[str, ArrayLike] | Callable[[np.random.Generator], Mapping[str, ArrayLike]]
 
 #: Simulations of a study when the user names no number (the paper's tables use 500).
 DEFAULT_SIMULATIONS = 200
@@ -77,68 +79,6 @@ PRIVATE_DATA_USED = (
     "NOT PRIVATE: the simulated data sets used the model's own (private) covariates and record "
     "count. This diagnostic is not covered by any privacy guarantee; keep it out of any release."
 )
-
-
-class _ReplicateSeeds(NamedTuple):
-    """Independent seeds of one replicate's steps."""
-
-    prior: np.random.SeedSequence
-    covariates: np.random.SeedSequence
-    data: np.random.SeedSequence
-    fit: np.random.SeedSequence
-
-
-class _Chunk(NamedTuple):
-    """What a chunk of replicates returns: θ_k (c, d), draws (c, S, d), warnings per fit."""
-
-    truth: np.ndarray
-    samples: np.ndarray
-    warnings: list[list[str]]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Replicates:
-    """Everything one replicate needs besides its seed."""
-
-    model: RecordModel
-    simulator: Simulator
-    mechanism: Mechanism
-    plan: PrivacyPlan
-    covariates: Covariates | None
-    n_records: int
-    n_draws: int | None
-    batch_size: int
-
-    def run(self, seeds: list[np.random.SeedSequence]) -> _Chunk:
-        """θ_k, posterior draws and fit warnings for a chunk of replicates, fitted
-        ``batch_size`` at a time by the mechanism's :meth:`~dpppl.Mechanism.fit_replicates`."""
-        truth, samples, messages = [], [], []
-        for start in range(0, len(seeds), self.batch_size):
-            batch = seeds[start : start + self.batch_size]
-            replicates = [_ReplicateSeeds(*_children(s, 4)) for s in batch]
-            thetas = [self.simulator.prior(r.prior).theta for r in replicates]
-            datasets = [
-                self.simulator.data(
-                    theta,
-                    r.data,
-                    covariates=_covariates_for(self.covariates, r.covariates),
-                    n_records=self.n_records,
-                )
-                for theta, r in zip(thetas, replicates, strict=True)
-            ]
-            releases = self.mechanism.fit_replicates(
-                self.model,
-                datasets,
-                self.plan,
-                seeds=[np.random.SeedSequence(r.fit.generate_state(8)) for r in replicates],
-                progress=Progress(False),
-            )
-            truth += thetas
-            samples += [_thin(release.draws, self.n_draws) for release in releases]
-            # A mechanism's warnings (e.g. divergent transitions) are counted and reported once
-            # for the study rather than repeated for every replicate.
-            messages += [release.warnings for release in releases]
-        return _Chunk(truth=np.stack(truth), samples=np.stack(samples), warnings=messages)
 
 
 def tarp(
@@ -252,8 +192,8 @@ def tarp(
     mechanism_obj = get_mechanism(mechanism)(**options)
     compiled = record_model(model, records, hold_model=False)
     sim = simulator(compiled)
-    root = _root_seed(random_seed)
-    *seeds, reference_seed = _children(root, n_simulations + 1)
+    root = root_seed(random_seed)
+    *seeds, reference_seed = children(root, n_simulations + 1)
     source, n, kind = _resolve_covariates(
         compiled, sim, covariates, n_records, use_private_covariates, seeds[0]
     )
@@ -263,22 +203,14 @@ def tarp(
     )
     if batch_size is None:
         batch_size = mechanism_obj.replicate_batch_size(simulated, plan)
-    replicates = _Replicates(
+    replicates = Replicates(
         simulated, sim, mechanism_obj, plan, source, n, n_posterior_draws, batch_size
     )
     chunks = map_chunks(
         seeds,
         batch=batch_size,
         local=replicates.run,
-        remote=functools.partial(
-            _run_remote,
-            cloudpickle.dumps(without_records(compiled.model, compiled.structure)),
-            # A fresh mechanism from its class and options: nothing this instance was shown
-            # (check_model sees the model with its data) can travel with it.
-            cloudpickle.dumps(
-                (type(mechanism_obj), options, plan, source, n, n_posterior_draws, batch_size)
-            ),
-        ),
+        remote=remote_runner(compiled, type(mechanism_obj), options, replicates),
         client=client,
         n_workers=n_workers,
         progressbar=progressbar,
@@ -352,8 +284,8 @@ def _resolve_covariates(
         return None, int(n), "none"
     if callable(covariates):
         # The first replicate's own covariate seed: the probe draws what that replicate will.
-        probe_seed = _ReplicateSeeds(*_children(first_seed, 4)).covariates
-        first = sim.check_covariates(_covariates_for(covariates, probe_seed), n_records)
+        probe_seed = ReplicateSeeds(*children(first_seed, 4)).covariates
+        first = sim.check_covariates(covariates_for(covariates, probe_seed), n_records)
         return covariates, _length(first), "simulated"
     checked = sim.check_covariates(covariates, n_records)
     return checked, _length(checked), "given"
@@ -618,72 +550,10 @@ def _report_fit_warnings(fit_warnings: list[list[str]]) -> None:
         )
 
 
-def _root_seed(random_seed: int | np.random.SeedSequence | None) -> np.random.SeedSequence:
-    """The study's root seed; a SeedSequence is copied, so the caller's is never advanced."""
-    if isinstance(random_seed, np.random.SeedSequence):
-        return np.random.SeedSequence(random_seed.entropy, spawn_key=random_seed.spawn_key)
-    return np.random.SeedSequence(random_seed)
-
-
-def _children(seed: np.random.SeedSequence, n: int) -> list[np.random.SeedSequence]:
-    """The first ``n`` children ``seed.spawn(n)`` would give, without advancing ``seed``: a
-    replicate gets the same seeds in this process as in a worker that received a copy."""
-    return [
-        np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, i)) for i in range(n)
-    ]
-
-
 def _check_positive(name: str, value: Any, minimum: int = 1) -> None:
     if isinstance(value, bool) or int(value) != value or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
-def _covariates_for(
-    covariates: Covariates | None, seed: np.random.SeedSequence
-) -> Mapping[str, ArrayLike] | None:
-    if callable(covariates):
-        return covariates(np.random.default_rng(seed))
-    return covariates
-
-
 def _length(covariates: Mapping[str, np.ndarray]) -> int:
     return int(next(iter(covariates.values())).shape[0])
-
-
-def _thin(draws: np.ndarray, n_draws: int | None) -> np.ndarray:
-    """S evenly spaced draws of the release's (chain, draw, d) draws, flattened to (S, d)."""
-    flat = np.asarray(draws, dtype=float).reshape(-1, draws.shape[-1])
-    if n_draws is None:
-        return flat
-    if n_draws > flat.shape[0]:
-        raise ValueError(
-            f"n_posterior_draws={n_draws}, but the mechanism released only {flat.shape[0]} "
-            "draws; ask it for more (e.g. its draws/chains options) or use fewer"
-        )
-    return flat[np.linspace(0, flat.shape[0] - 1, n_draws).round().astype(int)]
-
-
-def _run_remote(model_bytes: bytes, study_bytes: bytes, seeds: list) -> _Chunk:
-    """A chunk of replicates in a worker process.
-
-    The worker gets the data-free copy of the model (:func:`~dpppl.model.record_structure.without_records`) and
-    its structure; a ``RecordModel`` holds its model weakly, so the copy is kept here while the
-    chunk runs.  Compilations are shared by structure, so later chunks on this worker reuse them.
-    """
-    model, structure = cloudpickle.loads(model_bytes)
-    compiled = RecordModel(model, structure)
-    mechanism_class, options, plan, source, n, n_draws, batch_size = cloudpickle.loads(
-        study_bytes
-    )
-    replicates = _Replicates(
-        compiled.with_n_records(n),
-        simulator(compiled),
-        mechanism_class(**options),
-        plan,
-        source,
-        n,
-        n_draws,
-        batch_size,
-    )
-    return replicates.run(seeds)
-
