@@ -34,6 +34,11 @@ leaks
     (:func:`find_in_bytes`).
 noise_audit
     The statistical test of the declared noise (:func:`epsilon_lower_bound`).
+loss_distribution
+    An independent bracket of the exact ε of composed Poisson-subsampled Gaussian releases
+    (:func:`subsampled_gaussian_epsilon_bounds`), which the accountant suite checks against.
+harness
+    The state a mechanism's checks share (the model, the plan, one fit).
 """
 
 from dpppl.testing.accountant_suite import (
@@ -44,6 +49,7 @@ from dpppl.testing.accountant_suite import (
 )
 from dpppl.testing.checks import Check, ConformanceError, ConformanceReport
 from dpppl.testing.leaks import find_in_bytes, find_leaks
+from dpppl.testing.loss_distribution import subsampled_gaussian_epsilon_bounds
 from dpppl.testing.mechanism_suite import check_mechanism, mechanism_checks
 from dpppl.testing.models import (
     EXAMPLE_MODELS,
@@ -88,6 +94,7 @@ __all__ = [
     "linear_regression",
     "logistic_regression",
     "mechanism_checks",
+    "subsampled_gaussian_epsilon_bounds",
     "two_observed",
     "with_potential",
 ]

@@ -31,6 +31,7 @@ from dpppl.testing.checks import (
     describe,
     run_all,
 )
+from dpppl.testing.loss_distribution import subsampled_gaussian_epsilon_bounds
 
 #: The check on the exact Gaussian bound allows this much round-off below the truth.
 _EXACT_RTOL = 1e-7
@@ -223,6 +224,29 @@ class _AccountantHarness:
                         "numerical error bound) instead of an estimate; the noise multiplier "
                         "is relative to the L2 sensitivity under the declared relation",
                     )
+        return None
+
+    def check_exact_subsampled_gaussian(self) -> str | None:
+        """ε of T Poisson-subsampled Gaussian releases (σ, q = 0.1, T = 10, add-or-remove-one)
+        is never below the lower end of an independent bracket of the exact ε
+        (:mod:`dpppl.testing.loss_distribution`)."""
+        relation = NeighbourRelation.ADD_OR_REMOVE_ONE
+        if ("poisson_subsampled_gaussian", relation) not in self.supported:
+            return "the accountant does not account the Poisson-subsampled Gaussian"
+        for sigma in self.sigmas:
+            event = poisson_subsampled_gaussian(sigma, 0.1, 10)
+            eps = self.epsilon(event, relation, f"poisson_subsampled_gaussian, sigma={sigma:g}")
+            lower, upper = subsampled_gaussian_epsilon_bounds(sigma, 0.1, 10, self.delta)
+            if eps < lower * (1 - _EXACT_RTOL):
+                raise self.fail(
+                    "upper bound on epsilon",
+                    expected=f"epsilon >= {lower:.8g}, below which the exact epsilon of 10 "
+                    f"Poisson-subsampled Gaussian releases (sigma={sigma:g}, q=0.1, "
+                    f"delta={self.delta:g}) cannot lie (it is in [{lower:.6g}, {upper:.6g}])",
+                    happened=f"it reports {eps:.8g}, below the truth",
+                    fix="report a pessimistic bound (round the privacy loss up, add the "
+                    "numerical error bound) instead of an estimate",
+                )
         return None
 
     def check_calibration(self) -> None:
@@ -430,6 +454,7 @@ def accountant_checks(
         Check("registration", h.check_registration),
         Check("epsilon monotone in sigma", h.check_monotone),
         Check("upper bound on epsilon", h.check_exact_gaussian),
+        Check("upper bound on subsampled epsilon", h.check_exact_subsampled_gaussian),
         Check("calibration", h.check_calibration),
         Check("composition", h.check_composition),
         Check("delta", h.check_delta),

@@ -33,9 +33,10 @@ from dpppl.plugin.registry import (
     reset_registry,
     unregister_plugin,
 )
-from dpppl.privacy.events import GaussianEvent
+from dpppl.privacy.events import GaussianEvent, PoissonSampledEvent
 from dpppl.testing import (
     ConformanceError,
+    accountant_checks,
     beta_bernoulli,
     check_accountant,
     check_mechanism,
@@ -307,6 +308,35 @@ def test_an_accountant_that_underestimates_epsilon_fails():
         unregister_plugin("broken_optimistic")
     assert caught.value.contract == "upper bound on epsilon"
     assert "below the truth" in str(caught.value)
+
+
+def test_an_accountant_exact_for_one_gaussian_but_optimistic_under_subsampling_fails():
+    pld = registry().accountants["pld"]
+
+    class Amplified(pld):
+        """Claims 3 % more amplification by subsampling than there is."""
+
+        name = "broken_amplified"
+
+        def epsilon(self, event, *, delta, relation):
+            exact = super().epsilon(event, delta=delta, relation=relation)
+            sampled = isinstance(getattr(event, "event", None), PoissonSampledEvent)
+            return 0.97 * exact if sampled else exact
+
+    class Plugin:
+        @dpppl.hookimpl
+        def register_accountants(self, register):
+            register(Amplified)
+
+    register_plugin(Plugin(), name="broken_amplified")
+    try:
+        checks = {str(c): c for c in accountant_checks("broken_amplified", noise_multipliers=(1.0, 2.0))}
+        assert checks["upper bound on epsilon"]() is None
+        with pytest.raises(ConformanceError, match="below the truth") as caught:
+            checks["upper bound on subsampled epsilon"]()
+    finally:
+        unregister_plugin("broken_amplified")
+    assert caught.value.contract == "upper bound on epsilon"
 
 
 # -- the statistics ----------------------------------------------------------------------------------
