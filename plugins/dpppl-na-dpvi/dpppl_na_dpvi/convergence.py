@@ -15,9 +15,9 @@ biased down by about (2 + 4ρ)/n (Marriott & Pope 1954, for a fitted mean and tr
 bias is added back.  On stationary traces of 8 coordinates relaxing 0.2 % per step over 8000
 steps, batch means of 267 steps (shorter than the 500-step relaxation) flagged 46 % of them, the
 AR(1) fit without the correction 3 %, with it under 2 %; a trace still approaching an optimum
-30 standard deviations away is flagged 9 times in 10.  For a stationary trace each score is close to a standard normal;
-:data:`DRIFT_LIMIT` flags a coordinate whose score is beyond what d coordinates of a stationary
-trace would reach by chance.  The scores are functions of the released iterates and public
+30 standard deviations away is flagged 9 times in 10.  For a stationary trace each score is
+close to a standard normal; :data:`DRIFT_LIMIT` flags a coordinate whose score is beyond what d
+coordinates of a stationary trace would reach by chance.  The scores are functions of the released iterates and public
 settings only, so publishing them costs no privacy.
 """
 
