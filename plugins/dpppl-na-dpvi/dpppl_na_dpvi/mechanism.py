@@ -105,7 +105,7 @@ class NADPVI(Mechanism):
         usually far wider than δ's posterior, and integrating it out then leaves a factor
         1/|det A| in A's posterior that pulls A towards singular (it cancels the LKJ(2) prior's
         det R): on a 4-parameter Poisson regression that made the posterior several times too
-        wide (TARP K = 100: RMSE 0.064 against 0.039 with the unit-information prior).
+        wide (TARP K = 100: RMSE 0.064 against 0.038 with the unit-information prior).
     curvature
         ``"full"``: a full curvature matrix for the μ-coordinates (needed when the posterior is
         correlated); ``"diagonal"``: the paper's diagonal A; ``"auto"`` (default): full for 2 to

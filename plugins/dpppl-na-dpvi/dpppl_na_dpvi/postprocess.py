@@ -40,7 +40,7 @@ Departures from the paper, where it is ambiguous or where measurement showed it 
   RMSE 0.064 (K = 100, floor ≈ 0.04).  The default ``optimum_prior="unit-information"`` is
   Zellner's g-prior with g = T, δ | A ~ N(0, T J⁻¹): as much as one gradient says, in the
   problem's own units, and the factor it leaves, (1 + T)^(−d/2), does not depend on A (same
-  study: RMSE 0.039).  ``"standard-normal"`` keeps the paper's prior.
+  study: RMSE 0.038).  ``"standard-normal"`` keeps the paper's prior.
 """
 
 from __future__ import annotations
