@@ -9,6 +9,7 @@ often the 50 % and 90 % credible balls hold the true parameters.
     python tutorials/poisson_regression.py --smoke                      # seconds
     python tutorials/poisson_regression.py --simulations 100 --optimum integrated
     python tutorials/poisson_regression.py --simulations 100 --optimum sampled
+    python tutorials/poisson_regression.py --simulations 100 --optimum-prior standard-normal
 
 Add ``--batch-size 1`` to fit the replicates one at a time (the rows in RESULTS.md), or leave it
 out to let NA-DPVI vectorise them.
@@ -48,6 +49,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--simulations", type=int, default=100)
     parser.add_argument("--optimum", choices=["integrated", "sampled"], default="integrated")
+    parser.add_argument(
+        "--optimum-prior", choices=["unit-information", "standard-normal"],
+        default="unit-information",
+    )
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seed", type=int, default=3)
@@ -70,12 +75,14 @@ def main() -> None:
         random_seed=args.seed,
         progressbar=not args.smoke,
         optimum=args.optimum,
+        optimum_prior=args.optimum_prior,
         **(SMOKE_OPTIONS if args.smoke else {}),
     )
     coverage = study["ecp"].mean("repeat")
     row = {
         "K": int(study.attrs["n_simulations"]),
         "optimum": args.optimum,
+        "optimum_prior": args.optimum_prior,
         "epsilon": args.epsilon,
         "rmse": round(float(study["rmse"].mean()), 4),
         "rmse_std": round(float(study["rmse"].std()), 4),
