@@ -88,6 +88,7 @@ def main() -> None:
         "rmse_std": round(float(study["rmse"].std()), 4),
         "coverage_50": round(float(coverage.sel(alpha=0.5, method="nearest")), 3),
         "coverage_90": round(float(coverage.sel(alpha=0.1, method="nearest")), 3),
+        "fits_with_warnings": int(study.attrs["fits_with_warnings"]),
         "wall_s": round(time.perf_counter() - start, 1),
     }
     print(json.dumps(row))
