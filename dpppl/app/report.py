@@ -115,12 +115,10 @@ def read_result(path: str | Path) -> xr.DataTree:
             f"{path} is not a readable netCDF file ({type(error).__name__})"
         ) from None
     try:
-        PrivacyMetadata.from_result(result)
+        complete = "posterior" in result.children and bool(PrivacyMetadata.from_result(result))
     except (KeyError, TypeError, ValueError):
-        has_metadata = False
-    else:
-        has_metadata = True
-    if not has_metadata or "posterior" not in result.children:
+        complete = False
+    if not complete:
         raise ResultFileError(
             f"{path} is not a dpppl result: it lacks the posterior or the dp_* privacy attributes"
         )

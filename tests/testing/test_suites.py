@@ -11,6 +11,7 @@ whose hook registers them), each under its own mechanism name.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -286,6 +287,22 @@ def test_an_unregistered_class_is_refused_with_how_to_register_it(example_plugin
 # -- accountants -------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def registered_accountant(cls):
+    """``cls`` registered, as a plugin would register it, for the block."""
+
+    class Plugin:
+        @dpppl.hookimpl
+        def register_accountants(self, register):
+            register(cls)
+
+    register_plugin(Plugin(), name=cls.name)
+    try:
+        yield
+    finally:
+        unregister_plugin(cls.name)
+
+
 def test_an_accountant_that_underestimates_epsilon_fails():
     rdp = registry().accountants["rdp"]
 
@@ -295,17 +312,8 @@ def test_an_accountant_that_underestimates_epsilon_fails():
         def epsilon(self, event, *, delta, relation):
             return 0.5 * super().epsilon(event, delta=delta, relation=relation)
 
-    class Plugin:
-        @dpppl.hookimpl
-        def register_accountants(self, register):
-            register(Optimistic)
-
-    register_plugin(Plugin(), name="broken_optimistic")
-    try:
-        with pytest.raises(ConformanceError) as caught:
-            check_accountant("broken_optimistic", noise_multipliers=(1.0, 2.0))
-    finally:
-        unregister_plugin("broken_optimistic")
+    with registered_accountant(Optimistic), pytest.raises(ConformanceError) as caught:
+        check_accountant("broken_optimistic", noise_multipliers=(1.0, 2.0))
     assert caught.value.contract == "upper bound on epsilon"
     assert "below the truth" in str(caught.value)
 
@@ -323,19 +331,11 @@ def test_an_accountant_exact_for_one_gaussian_but_optimistic_under_subsampling_f
             sampled = isinstance(getattr(event, "event", None), PoissonSampledEvent)
             return 0.97 * exact if sampled else exact
 
-    class Plugin:
-        @dpppl.hookimpl
-        def register_accountants(self, register):
-            register(Amplified)
-
-    register_plugin(Plugin(), name="broken_amplified")
-    try:
+    with registered_accountant(Amplified):
         checks = {str(c): c for c in accountant_checks("broken_amplified", noise_multipliers=(1.0, 2.0))}
         assert checks["upper bound on epsilon"]() is None
         with pytest.raises(ConformanceError, match="below the truth") as caught:
             checks["upper bound on subsampled epsilon"]()
-    finally:
-        unregister_plugin("broken_amplified")
     assert caught.value.contract == "upper bound on epsilon"
 
 
