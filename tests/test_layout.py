@@ -1,5 +1,6 @@
 """The package's layers, read from its source: data flow one way through them, no module reaches
-into another's private names, and plugins see dpppl only through ``dpppl`` and ``dpppl.plugin``.
+into another's private names, plugins see dpppl only through ``dpppl`` and ``dpppl.plugin``, and
+their tests only through those, ``dpppl.testing`` and ``dpppl.datasets``.
 
 Imports inside functions and under ``TYPE_CHECKING`` count: a circle through them is still a
 circle for whoever reads or refactors the code.
@@ -136,3 +137,41 @@ def test_the_plugins_are_found():
 def test_plugin_code_sees_dpppl_only_through_its_author_face(path):
     used = {module for module, _ in imports(path) if module.split(".")[0] == "dpppl"}
     assert used <= {"dpppl", "dpppl.plugin"}
+
+
+PLUGIN_TESTS = sorted(
+    {
+        p
+        for pattern in ("plugins/*/tests/**/*.py", "tutorials/plugin_*/**/tests/**/*.py")
+        for p in ROOT.glob(pattern)
+    }
+)
+
+#: What a plugin's tests may use of dpppl: the user's face, the author's, the test kit and the
+#: data sets.
+PUBLIC = {"dpppl", "dpppl.plugin", "dpppl.testing", "dpppl.datasets"}
+
+
+def used_modules(path: Path) -> set[str]:
+    """The dpppl modules a file imports or reaches as attributes (``dpppl.engine.x``)."""
+    found = targets(path)
+    for node in ast.walk(ast.parse(path.read_text())):
+        dotted = []
+        while isinstance(node, ast.Attribute):
+            dotted.insert(0, node.attr)
+            node = node.value
+        if isinstance(node, ast.Name) and node.id == "dpppl" and dotted:
+            found.add(f"dpppl.{'.'.join(dotted)}")
+    return found & set(MODULES)
+
+
+def test_the_plugin_tests_are_found():
+    assert len({p.parent for p in PLUGIN_TESTS}) == 7  # five built in, the template, the example
+
+
+@pytest.mark.parametrize("path", PLUGIN_TESTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_plugin_tests_see_dpppl_only_through_its_public_faces(path):
+    """A plugin's tests use dpppl as a third party's would: a name they need that these modules
+    do not export belongs in ``dpppl.plugin`` (or ``dpppl.testing``), not in an import from an
+    internal module."""
+    assert used_modules(path) <= PUBLIC

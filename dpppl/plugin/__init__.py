@@ -16,7 +16,8 @@ accountant
 options
     How a mechanism declares its options (:class:`Interval`, ``POSITIVE``, ``NON_NEGATIVE``).
 registry
-    The plugin manager that loads plugins from the ``dpppl`` entry-point group.
+    The plugin manager that loads plugins from the ``dpppl`` entry-point group;
+    :func:`get_mechanism` and :func:`get_accountant` return the class installed under a name.
 
 The names below also re-export the pieces of the lower layers a mechanism is built from: the
 record model (:mod:`dpppl.model`), the privacy primitives and events (:mod:`dpppl.privacy`) and
@@ -44,6 +45,7 @@ __getattr__, __dir__, _lazy = lazy_exports(
         "dpppl.plugin.hookspecs": ["hookimpl"],
         "dpppl.plugin.mechanism": ["APPROXIMATE_DP", "Mechanism", "PrivacyPlan", "Release"],
         "dpppl.plugin.options": ["NON_NEGATIVE", "POSITIVE", "Interval"],
+        "dpppl.plugin.registry": ["get_accountant", "get_mechanism"],
         "dpppl.privacy.budget": ["check_epsilon_delta", "total_variation_delta"],
         "dpppl.privacy.events": [
             "ComposedEvent",

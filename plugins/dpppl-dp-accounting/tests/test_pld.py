@@ -6,13 +6,13 @@ import math
 
 import pytest
 
-from dpppl.errors import UnsupportedEventError
-from dpppl.privacy.events import (
+from dpppl.plugin import (
     GaussianEvent,
     NeighbourRelation,
     PoissonSampledEvent,
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
+    UnsupportedEventError,
     poisson_subsampled_gaussian,
 )
 from dpppl_dp_accounting.pld import (

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpppl.plugin.registry import get_accountant, provider
+import dpppl
+from dpppl.plugin import get_accountant
 from dpppl_dp_accounting.pld import PldAccountant
 from dpppl_dp_accounting.rdp import RdpAccountant
 
@@ -12,4 +13,4 @@ from dpppl_dp_accounting.rdp import RdpAccountant
 @pytest.mark.parametrize(("name", "cls"), [("rdp", RdpAccountant), ("pld", PldAccountant)])
 def test_accountants_are_found_by_name_through_the_entry_point(name, cls):
     assert get_accountant(name) is cls
-    assert provider("accountant", name).startswith("dpppl-dp-accounting ")
+    assert dpppl.accountants()[name].distribution == "dpppl-dp-accounting"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpppl.privacy.events import NeighbourRelation, poisson_subsampled_gaussian
+from dpppl.plugin import NeighbourRelation, poisson_subsampled_gaussian
 from dpppl_dp_accounting.pld import PldAccountant
 from dpppl_dp_accounting.rdp import RdpAccountant
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from dpppl.errors import InvalidPrivacyParameterError, UnsupportedEventError
-from dpppl.privacy.events import (
+from dpppl.plugin import (
     GaussianEvent,
+    InvalidPrivacyParameterError,
     NeighbourRelation,
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
+    UnsupportedEventError,
     poisson_subsampled_gaussian,
 )
 from dpppl_dp_accounting.rdp import ORDERS, RdpAccountant

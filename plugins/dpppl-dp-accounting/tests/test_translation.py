@@ -8,8 +8,7 @@ from typing import ClassVar
 import dp_accounting as dpa
 import pytest
 
-from dpppl.errors import UnsupportedEventError
-from dpppl.privacy.events import (
+from dpppl.plugin import (
     ComposedEvent,
     GaussianEvent,
     NeighbourRelation,
@@ -17,6 +16,7 @@ from dpppl.privacy.events import (
     PrivacyEvent,
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
+    UnsupportedEventError,
 )
 from dpppl_dp_accounting.translation import neighboring_relation, to_dp_event
 

@@ -17,7 +17,7 @@ import pymc as pm
 import pytest
 
 import dpppl
-from dpppl.progress import Progress
+from dpppl.plugin import Progress
 from dpppl_dp_sep import DPSEP, run_sep
 
 pytestmark = pytest.mark.benchmark

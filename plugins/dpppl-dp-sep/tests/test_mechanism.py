@@ -12,12 +12,13 @@ import pytest
 import xarray as xr
 
 import dpppl
-from dpppl.plugin.registry import get_accountant, provider, registry
-from dpppl.privacy.events import (
+from dpppl.plugin import (
     GaussianEvent,
     NeighbourRelation,
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
+    get_accountant,
+    get_mechanism,
 )
 from dpppl_dp_sep.mechanism import DPSEP
 
@@ -25,8 +26,8 @@ FAST = {"passes": 3.0, "draws": 50, "chains": 2}
 
 
 def test_registered_as_dp_sep_through_its_entry_point():
-    assert registry().mechanisms["dp-sep"] is DPSEP
-    assert provider("mechanism", "dp-sep").startswith("dpppl-dp-sep ")
+    assert get_mechanism("dp-sep") is DPSEP
+    assert dpppl.mechanisms()["dp-sep"].distribution == "dpppl-dp-sep"
 
 
 class TestOptions:
@@ -116,9 +117,9 @@ class TestResult:
         assert 0 < attrs["dp_epsilon"] <= 2.0 and attrs["dp_delta"] == 1e-5
         assert attrs["dp_neighbour_relation"] == "replace_one"
         assert attrs["dp_accountant"] == "rdp"
-        event = json.loads(attrs["dp_event"])
-        assert event["kind"] == "self_composed" and event["count"] == 180
-        assert event["event"]["kind"] == "sampled_without_replacement"
+        event = dpppl.PrivacyMetadata.from_result(result).event
+        assert event.kind == "self_composed" and event.count == 180
+        assert event.event.kind == "sampled_without_replacement"
         details = json.loads(attrs["dp_privacy_details"])
         assert details["noise_std"] == pytest.approx(attrs["dp_noise_multiplier"] * 2 / 60)
         settings = json.loads(attrs["dp_mechanism_settings"])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dpppl
-from dpppl.progress import Progress
+from dpppl.plugin import Progress
 from dpppl_dp_sep import SEPSettings, run_sep
 from dpppl_dp_sep.families import FAMILIES, Natural, Whitening
 from dpppl_dp_sep.moments import (

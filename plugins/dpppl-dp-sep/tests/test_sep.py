@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 import dpppl
-from dpppl.progress import Progress
+from dpppl.plugin import Progress
 from dpppl_dp_sep import SEPSettings, run_sep
 from dpppl_dp_sep.families import FAMILIES, Natural, clip_natural
 from dpppl_dp_sep.moments import GaussHermite, Spherical

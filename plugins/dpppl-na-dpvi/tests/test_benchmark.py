@@ -23,11 +23,8 @@ import numpy as np
 import pymc as pm
 import pytest
 
-from dpppl.engine import plan_fit, run_mechanism
-from dpppl.model.record_model import per_example_grad, record_model
-from dpppl.plugin.registry import get_mechanism
-from dpppl.privacy.noise import clip_rows
-from dpppl.progress import Progress
+from dpppl import record_model
+from dpppl.plugin import Progress, clip_rows, get_accountant, get_mechanism, per_example_grad
 from dpppl_na_dpvi.dpsgd import run_dpsgd
 from dpppl_na_dpvi.heuristics import StandardisedSchedule
 from dpppl_na_dpvi.postprocess import ModelStructure, TraceStatistics, sample_nuts
@@ -41,6 +38,22 @@ def beta_bernoulli(n_records: int, seed: int = 0) -> pm.Model:
         p = pm.Beta("p", 1, 1)
         pm.Bernoulli("y", p=p, observed=y, dims="obs")
     return model
+
+
+def plan_like_sample(mechanism, model, *, epsilon, delta):
+    """The plan ``dpppl.sample`` makes: the model checked, the first preferred accountant."""
+    mechanism.check_model(model)
+    accountant = get_accountant(mechanism.preferred_accountants[0])()
+    return mechanism.plan(
+        n_records=model.n_records, epsilon=epsilon, delta=delta, accountant=accountant
+    )
+
+
+def fit_like_sample(mechanism, model, data, plan, seed):
+    """The fit ``dpppl.sample`` runs, progress bars off."""
+    return mechanism.fit(
+        model, data, plan, seed=np.random.SeedSequence(seed), progress=Progress(False)
+    )
 
 
 def timed(fn):
@@ -90,11 +103,10 @@ def test_a_complete_fit_against_the_reference_style_baseline(capsys):
     model = beta_bernoulli(5000)
     compiled = record_model(model)
     mechanism = get_mechanism("na-dpvi")(chains=1)
-    plan, _ = plan_fit(mechanism, compiled, epsilon=EPSILON, delta=DELTA)
+    plan = plan_like_sample(mechanism, compiled, epsilon=EPSILON, delta=DELTA)
     data = compiled.data()
-    run_mechanism(mechanism, compiled, data, plan, random_seed=0, progressbar=False)  # compile
-    ours, release = timed(lambda: run_mechanism(mechanism, compiled, data, plan, random_seed=1,
-                                                progressbar=False))
+    fit_like_sample(mechanism, compiled, data, plan, seed=0)  # compile
+    ours, release = timed(lambda: fit_like_sample(mechanism, compiled, data, plan, seed=1))
 
     schedule = StandardisedSchedule(compiled, noise_multiplier=plan.noise_multiplier,
                                     sampling_rate=0.1, steps=10_000, burn_in_steps=2000)
@@ -176,7 +188,7 @@ def test_the_dp_sgd_phase_costs_what_the_batch_costs_not_n(capsys):
         model = beta_bernoulli(n_records)
         compiled = record_model(model)
         mechanism = get_mechanism("na-dpvi")(sampling_rate=500 / n_records, steps=2000)
-        plan, _ = plan_fit(mechanism, compiled, epsilon=1.0, delta=1e-7)
+        plan = plan_like_sample(mechanism, compiled, epsilon=1.0, delta=1e-7)
         schedule = StandardisedSchedule(compiled, noise_multiplier=plan.noise_multiplier,
                                         sampling_rate=500 / n_records, steps=2000,
                                         burn_in_steps=400)
@@ -212,7 +224,7 @@ def test_the_snapped_release_against_float_noise(capsys):
     fits = {}
     for noise in ("float", "snapped"):
         mechanism = get_mechanism("na-dpvi")(steps=steps, noise=noise)
-        plan, _ = plan_fit(mechanism, compiled, epsilon=1.0, delta=1e-5)
+        plan = plan_like_sample(mechanism, compiled, epsilon=1.0, delta=1e-5)
         schedule = StandardisedSchedule(compiled, noise_multiplier=plan.noise_multiplier,
                                         sampling_rate=0.1, steps=steps, burn_in_steps=steps // 5)
 

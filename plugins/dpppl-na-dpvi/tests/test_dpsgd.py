@@ -10,7 +10,7 @@ import pymc as pm
 import pytest
 from scipy import stats
 
-from dpppl.model.record_model import record_model
+from dpppl import record_model
 from dpppl_na_dpvi.dpsgd import DPSGDSettings, make_step
 
 SIGNIFICANCE = 1e-6

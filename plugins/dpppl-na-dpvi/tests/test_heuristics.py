@@ -9,7 +9,7 @@ import numpy as np
 import pymc as pm
 import pytest
 
-from dpppl.model.record_model import record_model
+from dpppl import record_model
 from dpppl_na_dpvi import heuristics
 from dpppl_na_dpvi.heuristics import StandardisedSchedule
 

@@ -11,9 +11,7 @@ import pymc as pm
 import pytest
 
 import dpppl
-import dpppl.privacy.events
-from dpppl.plugin.registry import get_accountant, get_mechanism
-from dpppl.privacy.events import poisson_subsampled_gaussian
+from dpppl.plugin import get_accountant, get_mechanism, poisson_subsampled_gaussian
 from dpppl.testing import example_models
 from dpppl_na_dpvi.heuristics import default_clipping_bound
 
@@ -72,8 +70,7 @@ def test_replace_one_neighbours_are_accounted_by_pld_with_twice_the_sensitivity(
     # About twice the noise relative to the clipping bound for the same ε.
     ratio = replace.attrs["dp_noise_multiplier"] / add_remove.attrs["dp_noise_multiplier"]
     assert 1.5 < ratio < 2.2
-    event = dpppl.privacy.events.event_from_json(replace.attrs["dp_event"])
-    assert event == poisson_subsampled_gaussian(
+    assert dpppl.PrivacyMetadata.from_result(replace).event == poisson_subsampled_gaussian(
         replace.attrs["dp_noise_multiplier"], 0.1, FAST["steps"], dpppl.NeighbourRelation.REPLACE_ONE
     )
 

@@ -9,7 +9,8 @@ import numpy as np
 import pymc as pm
 import pytest
 
-from dpppl.model.record_model import record_model, softplus_inverse
+from dpppl import record_model
+from dpppl.plugin import softplus_inverse
 from dpppl_na_dpvi.postprocess import (
     ModelStructure,
     TraceStatistics,

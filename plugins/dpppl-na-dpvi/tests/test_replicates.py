@@ -7,9 +7,8 @@ import pymc as pm
 import pytest
 from scipy import stats
 
-from dpppl.model.record_model import record_model
-from dpppl.plugin.registry import get_accountant, get_mechanism
-from dpppl.progress import Progress
+from dpppl import record_model
+from dpppl.plugin import Progress, get_accountant, get_mechanism
 
 N = 200
 REPLICATES = 16

@@ -7,14 +7,16 @@ import math
 import pytest
 from scipy.stats import norm
 
-from dpppl.errors import InvalidPrivacyParameterError, UnsupportedEventError
-from dpppl.plugin.registry import get_accountant, provider
-from dpppl.privacy.events import (
+import dpppl
+from dpppl.plugin import (
     ComposedEvent,
     GaussianEvent,
+    InvalidPrivacyParameterError,
     NeighbourRelation,
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
+    UnsupportedEventError,
+    get_accountant,
     poisson_subsampled_gaussian,
 )
 from dpppl_dp_accounting.rdp import RdpAccountant
@@ -34,7 +36,7 @@ def prv() -> PrvAccountant:
 
 def test_the_accountant_is_found_by_name_through_the_entry_point():
     assert get_accountant("prv") is PrvAccountant
-    assert provider("accountant", "prv").startswith("dpppl-prv ")
+    assert dpppl.accountants()["prv"].distribution == "dpppl-prv"
 
 
 def test_epsilon_is_prv_accountants_upper_bound_with_one_percent_of_rdp_as_error(prv):

@@ -13,11 +13,15 @@ from hypothesis import strategies as st
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from dpppl.errors import UnsupportedEventError
-from dpppl.plugin.registry import get_accountant
-from dpppl.privacy.events import GaussianEvent, NeighbourRelation, SelfComposedEvent
-from dpppl.privacy.events import poisson_subsampled_gaussian as dp_sgd
-from dpppl.testing.loss_distribution import subsampled_gaussian_epsilon_bounds
+from dpppl.plugin import (
+    GaussianEvent,
+    NeighbourRelation,
+    SelfComposedEvent,
+    UnsupportedEventError,
+    get_accountant,
+)
+from dpppl.plugin import poisson_subsampled_gaussian as dp_sgd
+from dpppl.testing import subsampled_gaussian_epsilon_bounds
 from dpppl_prv.accountant import DELTA_ERROR_FRACTION, eps_error
 from dpppl_prv.bounds import epsilon_bounds
 from dpppl_prv.composition import composition_of

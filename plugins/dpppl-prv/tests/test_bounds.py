@@ -12,9 +12,8 @@ from prv_accountant.domain import Domain
 from prv_accountant.privacy_random_variables import PrivacyRandomVariableTruncated
 from scipy.stats import norm
 
-from dpppl.errors import UnsupportedEventError
-from dpppl.privacy.events import GaussianEvent, NeighbourRelation, SelfComposedEvent
-from dpppl.privacy.events import poisson_subsampled_gaussian as dp_sgd
+from dpppl.plugin import GaussianEvent, NeighbourRelation, SelfComposedEvent, UnsupportedEventError
+from dpppl.plugin import poisson_subsampled_gaussian as dp_sgd
 from dpppl_prv.bounds import (
     SinglePassCellCentred,
     delta_upper_bound,

@@ -7,8 +7,7 @@ from typing import ClassVar
 
 import pytest
 
-from dpppl.errors import UnsupportedEventError
-from dpppl.privacy.events import (
+from dpppl.plugin import (
     ComposedEvent,
     GaussianEvent,
     NeighbourRelation,
@@ -16,6 +15,7 @@ from dpppl.privacy.events import (
     PrivacyEvent,
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
+    UnsupportedEventError,
     poisson_subsampled_gaussian,
 )
 from dpppl_dp_accounting.rdp import RdpAccountant

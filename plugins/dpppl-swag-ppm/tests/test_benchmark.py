@@ -15,7 +15,7 @@ import pymc as pm
 import pytest
 
 import dpppl
-from dpppl.progress import Progress
+from dpppl.plugin import Progress
 from dpppl_swag_ppm.batches import neutralise, to_device
 from dpppl_swag_ppm.mechanism import SwagPPM
 from dpppl_swag_ppm.sgd import SwagTrainer

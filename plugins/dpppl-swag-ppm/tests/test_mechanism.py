@@ -14,17 +14,15 @@ import pytest
 import xarray as xr
 
 import dpppl
-import dpppl.engine
-from dpppl.plugin.registry import provider, registry
-from dpppl.progress import Progress, Task
+from dpppl.plugin import Progress, Task, get_mechanism
 from dpppl_swag_ppm import GUARANTEE
 from dpppl_swag_ppm.fitting import PPMFitter
 from dpppl_swag_ppm.mechanism import SwagPPM
 
 
 def test_registered_as_swag_ppm_through_its_entry_point():
-    assert registry().mechanisms["swag-ppm"] is SwagPPM
-    assert provider("mechanism", "swag-ppm").startswith("dpppl-swag-ppm ")
+    assert get_mechanism("swag-ppm") is SwagPPM
+    assert dpppl.mechanisms()["swag-ppm"].distribution == "dpppl-swag-ppm"
 
 
 class TestOptions:
@@ -80,8 +78,10 @@ class TestPlan:
         with pytest.raises(dpppl.InvalidOptionError, match=message):
             SwagPPM(**options).plan(n_records=1000, epsilon=1.0, delta=1e-5, accountant=None)
 
-    def test_the_core_chooses_no_accountant_for_it(self):
-        assert dpppl.engine.choose_accountant(SwagPPM(), None) is None
+    def test_it_prefers_no_accountant_so_the_core_chooses_none(self):
+        """When the user names none, the core then passes ``accountant=None`` to :meth:`plan`;
+        the result names none (``dp_accountant``, checked below)."""
+        assert SwagPPM.preferred_accountants == ()
 
 
 def test_dpppl_sample_runs_end_to_end_with_its_defaults(logistic):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import dpppl
-from dpppl.progress import Progress
+from dpppl.plugin import Progress
 from dpppl_swag_ppm import ppm
 from dpppl_swag_ppm.batches import to_device
 from dpppl_swag_ppm.fitting import PPMFitter
