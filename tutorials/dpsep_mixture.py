@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> str:
                     errors(approx["mean"].values, approx["covariance"].values, truth_mean,
                            truth_cov)
                 )
-                sigmas[label] = idata.attrs["dp_noise_multiplier"]
+                sigmas[label] = dpppl.PrivacyMetadata.from_result(idata).noise_multiplier
             print(f"{schedule}: run {run_index + 1} of {args.runs} done", flush=True)
     return report(args, rows, seconds, sigmas, nuts_time)
 

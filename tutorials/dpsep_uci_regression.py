@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> str:
                         progressbar=False, draws=250, **schedule, **options,
                     )
                 seconds[method] += time.perf_counter() - start
-                sigma = idata.attrs["dp_noise_multiplier"]
+                sigma = dpppl.PrivacyMetadata.from_result(idata).noise_multiplier
                 results[method].append(scores(idata["posterior"], split))
             print(name, index, {k: v[-1] for k, v in results.items()}, flush=True)
         for method, values in results.items():

@@ -257,7 +257,7 @@ def swag_ppm(model: pm.Model, epsilon: float, seed: int, **options) -> Outcome:
     return Outcome(
         posterior["w"].to_numpy().reshape(draws, *posterior["w"].shape[2:]),
         posterior["b"].to_numpy().reshape(draws, *posterior["b"].shape[2:]),
-        float(result.attrs["dp_epsilon"]),
+        dpppl.PrivacyMetadata.from_result(result).epsilon,
         "O(n^-1/2)",
         time.perf_counter() - start,
     )
@@ -265,7 +265,7 @@ def swag_ppm(model: pm.Model, epsilon: float, seed: int, **options) -> Outcome:
 
 def na_dpvi(model: pm.Model, epsilon: float, seed: int) -> Outcome | str:
     """The project's DP-SGD-based NA-DPVI mechanism, or why it could not run."""
-    if "na-dpvi" not in dpppl.plugin.registry.registry().mechanisms:
+    if "na-dpvi" not in dpppl.mechanisms():
         return "not installed"
     start = time.perf_counter()
     try:
@@ -277,11 +277,12 @@ def na_dpvi(model: pm.Model, epsilon: float, seed: int) -> Outcome | str:
     except dpppl.DPPPLError as error:
         return f"not run ({type(error).__name__}: {error})"
     posterior = result["posterior"].to_dataset().stack(sample=("chain", "draw"))
+    privacy = dpppl.PrivacyMetadata.from_result(result)
     return Outcome(
         np.moveaxis(posterior["w"].to_numpy(), -1, 0),
         np.moveaxis(posterior["b"].to_numpy(), -1, 0),
-        float(result.attrs["dp_epsilon"]),
-        f"{result.attrs['dp_delta']:.0e}",
+        privacy.epsilon,
+        f"{privacy.delta:.0e}",
         time.perf_counter() - start,
     )
 
