@@ -1,6 +1,6 @@
 """Replicate studies: vectorised batches against one fit at a time, and Dask scaling.
 
-Run with ``pytest tests/benchmarks/test_replicates_benchmark.py -m benchmark -s`` (about 20
+Run with ``pytest tests/benchmarks/test_replicates_benchmark.py -m benchmark -s`` (about 25
 minutes on two cores).  The study is the NA-DPVI paper's M2: Beta(10, 10)–Bernoulli, N = 5000,
 ε = 0.1, δ = 10⁻⁵, NA-DPVI at its defaults (T = 10⁴ DP-SGD steps, NUTS with 1000 warm-up and
 2 × 4000 draws), as ``tutorials/exponential_families.py`` runs it.  Rows, side by side in one run:
