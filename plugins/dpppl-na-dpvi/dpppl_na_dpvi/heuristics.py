@@ -21,16 +21,8 @@ Learning rate.  λ = λ_heur β with λ_heur = √2 λ_c / (σ C √(T d)) (eqs.
 curvature in each u-coordinate is about 1/2 (exactly 1/2 in the log-variance for a Gaussian
 posterior), so the relaxation rate of u per step is r = λ_heur β_u κ / 2; λ_c is chosen to make r
 equal to ``BURN_IN_RATE`` while burning in (fast approach to the optimum) and ``FINAL_RATE``
-afterwards.  With λ = λ_heur β a μ-coordinate would relax at √Ī · r (its curvature is N Ī), so a
-coordinate with much information per record (Ī = 1/(N sd²) > 1) would move faster than the rest
-and its DP-noise random walk would spread √Ī times wider than theirs in units of its posterior
-sd.  Such coordinates get λ = λ_heur β², which brings their rate down to r: no coordinate relaxes
-faster than r.  This matters where the ELBO's gradient in one coordinate depends on another's
-error quadratically: in a linear regression the noise variance's gradient sees the residual
-variance at the trace's *current* weights, σ² + Σ(μ_w − w)², so the weights' wander biases σ²
-(10-D regression at ε = 0.3, 3 data sets: Σ(μ_w − w)² over the last 30 % of the trace 0.005-0.007
-with the cap, 0.009-0.014 without; σ² ≈ 0.027).  Coordinates with Ī ≤ 1 keep λ_heur β, which
-is what the exponential families were calibrated with.
+afterwards.  The μ-coordinates relax at about √Ī · r: all coordinates move at similar rates, which
+is what multiplying λ by β is for.
 
 Burn-in.  β_μ and λ are recomputed from the released trace every chunk of steps during the
 burn-in T* and frozen after it, so the post-processing model sees one noise level σC/β.
@@ -126,20 +118,22 @@ class StandardisedSchedule:
         d = 2 * n
         u = np.mean(recent_phi[:, n:], axis=0)
         sd = np.sqrt(np.logaddexp(0.0, u))
-        beta_mu = np.clip(sd * math.sqrt(self.model.n_records), *BETA_RANGE)
-        beta = np.concatenate([beta_mu, np.full(n, self.u_preconditioning)])
+        beta = np.concatenate(
+            [
+                np.clip(sd * math.sqrt(self.model.n_records), *BETA_RANGE),
+                np.full(n, self.u_preconditioning),
+            ]
+        )
         lr_heur = (
             math.sqrt(2)
             * self.learning_rate_constant(progress)
             / (self.noise_multiplier * self.clipping_bound * math.sqrt(self.steps * d))
         )
-        # β_μ < 1 means Ī > 1: the extra factor β_μ caps the μ-rate at the u-rate (see above).
-        rate_cap = np.concatenate([np.minimum(beta_mu, 1.0), np.ones(n)])
         self.last = DPSGDSettings(
             clipping_bound=float(self.clipping_bound),
             noise_multiplier=float(self.noise_multiplier),
             preconditioner=jnp.asarray(beta),
-            learning_rate=jnp.asarray(lr_heur * beta * rate_cap),
+            learning_rate=jnp.asarray(lr_heur * beta),
             sampling_rate=float(self.sampling_rate),
             n_records=int(self.model.n_records),
         )

@@ -1,5 +1,5 @@
 """The data-independent hyperparameter rules: standardising preconditioner, eq. A58 learning
-rate capped at the u-coordinates' relaxation rate, annealed burn-in."""
+rate, annealed burn-in."""
 
 from __future__ import annotations
 
@@ -60,41 +60,6 @@ def test_the_u_coordinates_relax_at_the_target_rate_after_the_burn_in(model):
     assert rate == pytest.approx(heuristics.FINAL_RATE)
     burn = s.settings(s.initial_phi()[None], progress=0.0)
     assert float(burn.learning_rate[n]) * 0.1 / 2 == pytest.approx(heuristics.BURN_IN_RATE)
-
-
-def phi_at_posterior_variance(model, fisher_per_record):
-    """φ with q's variance at 1/(N Ī), where the ELBO's optimum puts it."""
-    variance = 1.0 / (model.n_records * fisher_per_record)
-    return np.array([[0.0, np.log(np.expm1(variance))]])
-
-
-def mu_relaxation_rate(model, settings, fisher_per_record):
-    # The ELBO's curvature in μ is N Ī; one step contracts μ by λ κ N Ī.
-    return float(settings.learning_rate[0]) * 0.1 * model.n_records * fisher_per_record
-
-
-@pytest.fixture(scope="module")
-def informative_model():
-    """A normal mean with σ = 0.1: Ī = 100 per record in μ's units."""
-    with pm.Model() as m:
-        mu = pm.Normal("mu", 0, 1)
-        pm.Normal("y", mu, 0.1, observed=np.random.default_rng(0).normal(0.3, 0.1, 400))
-    return record_model(m)
-
-
-def test_no_mu_coordinate_relaxes_faster_than_the_u_coordinates(informative_model):
-    s = schedule(informative_model)
-    settings = s.settings(phi_at_posterior_variance(informative_model, 100.0), progress=1.0)
-    rate = mu_relaxation_rate(informative_model, settings, 100.0)
-    assert rate == pytest.approx(heuristics.FINAL_RATE, rel=1e-6)
-
-
-def test_a_coordinate_with_little_information_per_record_keeps_its_slower_rate(model):
-    # Bernoulli at p = 0.3 in the logit: Ī = p(1 - p) = 0.21 < 1, rate √Ī · r.
-    s = schedule(model)
-    settings = s.settings(phi_at_posterior_variance(model, 0.21), progress=1.0)
-    rate = mu_relaxation_rate(model, settings, 0.21)
-    assert rate == pytest.approx(math.sqrt(0.21) * heuristics.FINAL_RATE, rel=1e-6)
 
 
 def test_the_fixed_phase_restarts_from_the_average_of_the_late_burn_in(model):
