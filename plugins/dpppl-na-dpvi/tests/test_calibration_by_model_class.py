@@ -1,6 +1,7 @@
 """The noise-aware posterior is calibrated on one model of each class users fit, at default
 settings: GLMs with correlated covariates, a regression with an unknown noise scale, varying
-intercepts over public groups, and the demo's model.
+intercepts over public groups.  (The demo's model has its test beside the demo, in
+``tests/app/test_demo.py``.)
 
 CI size: N = 1000 records, 3000 DP-SGD steps and K = 40 simulated data sets per class, so each
 study runs in about a minute.  At K = 40 a perfectly calibrated posterior's joint TARP RMSE is
@@ -16,8 +17,6 @@ import pymc as pm
 import pytest
 
 import dpppl
-from dpppl.app.demo import demo_features, demo_model
-from dpppl.datasets import load_adult_sample
 
 EPSILON, DELTA = 1.0, 1e-5
 N_RECORDS = 1000
@@ -98,10 +97,6 @@ CLASSES = {
     "Poisson regression, correlated covariates": (lambda: glm("poisson"), correlated_covariates),
     "regression with an unknown noise scale": (unknown_scale_regression, correlated_covariates),
     "varying intercepts over public groups": (varying_intercepts, grouped_covariates),
-    # The bundled Adult sample is public, so its features serve as the study's covariates.
-    "the demo's logistic regression": (
-        demo_model, {"X": demo_features(load_adult_sample())[0].to_numpy()}
-    ),
 }
 
 
