@@ -79,7 +79,7 @@ def test_coverage_counts_the_intervals_that_hold_the_reference_mean():
 
 def test_na_dpvi_is_calibrated_on_the_demos_model():
     # The same CI-size TARP study as each model class in the NA-DPVI plugin's
-    # test_calibration_by_model_class.py (K = 40, 3000 steps, ε = 1): a calibrated posterior's
+    # test_coverage.py (K = 40, 3000 steps, ε = 1): a calibrated posterior's
     # joint RMSE is 0.058 ± 0.024 there, and 0.106 is two standard deviations above.  The
     # bundled Adult sample is public, so its features serve as the study's covariates.
     features, _ = demo_features(load_adult_sample())
