@@ -43,6 +43,7 @@ from dpppl_na_dpvi.postprocess import (
     PostProcessingDraws,
     TraceStatistics,
     curvature_matrices,
+    laplace_convergence,
     sample_laplace,
     sample_nuts,
 )
@@ -431,6 +432,9 @@ class NADPVI(Mechanism):
         else:
             phi_star = post.phi_star
             groups.update(_postprocessing_groups(model, post))
+            unconverged = laplace_convergence(post.fit_stats) if post.fit_stats else None
+            if unconverged:
+                messages.append(unconverged)
             diverging = int(post.sample_stats.get("diverging", np.zeros(1)).sum())
             if diverging:
                 messages.append(
@@ -560,7 +564,9 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
             "description": "posterior of the post-processing model: optimum phi*, and the "
             "curvature A of the variational objective by its diagonal and, when A is full, the "
             "correlations of its mu-block; dpppl_na_dpvi.postprocess.curvature_matrices("
-            "A_diagonal, A_mu_correlation) rebuilds the matrices"
+            "A_diagonal, A_mu_correlation) rebuilds the matrices",
+            # Laplace: half the Newton decrement and the smallest curvature at the mode.
+            **{f"laplace_{k}": v for k, v in post.fit_stats.items()},
         },
     )
     groups = {"postprocessing_posterior": posterior}

@@ -121,6 +121,12 @@ def test_laplace_inference_gives_a_posterior_without_sampler_statistics(model):
     assert np.isfinite(result.posterior["p"].values).all()
 
 
+def test_laplace_inference_publishes_how_close_its_fit_came_to_a_mode(model):
+    attrs = sample(model, inference="laplace")["postprocessing_posterior"].attrs
+    assert 0 <= attrs["laplace_newton_decrement"] < 1e-6
+    assert attrs["laplace_min_curvature"] > 0
+
+
 def test_laplace_finds_a_finite_mode_of_a_twelve_parameter_model_at_low_noise():
     # The NA-DPVI paper's 10-D linear regression (σ² ~ InvGamma(20, 1/2), w, b ~ N(0, 4σ²)) at
     # ε = 100: a sharply peaked post-processing posterior over 114 parameters, on which the

@@ -11,11 +11,13 @@ import pytest
 
 from dpppl import record_model
 from dpppl.plugin import softplus_inverse
+from dpppl_na_dpvi import postprocess
 from dpppl_na_dpvi.postprocess import (
     ModelStructure,
     TraceStatistics,
     draw_optimum,
     initial_position,
+    laplace_convergence,
     log_density,
     sample_laplace,
     sample_nuts,
@@ -140,6 +142,30 @@ def test_laplace_agrees_with_nuts_on_a_well_identified_trace():
     nuts, laplace = nuts.phi_star.reshape(-1, 2), laplace.phi_star.reshape(-1, 2)
     np.testing.assert_allclose(laplace.mean(0), nuts.mean(0), atol=0.2 * nuts.std(0).max())
     np.testing.assert_allclose(laplace.std(0), nuts.std(0), rtol=0.2)
+
+
+def test_a_converged_laplace_fit_says_so():
+    stats = stats_for(np.random.default_rng(4), np.array([0.2, softplus_inverse(VARIANCE)]))
+    [laplace] = sample_laplace([stats], [jax.random.key(1)], draws=10, chains=1,
+                               structure=ModelStructure(), cache=cache())
+    assert laplace.fit_stats["newton_decrement"] < 1e-6
+    assert laplace_convergence(laplace.fit_stats) is None
+
+
+def test_a_laplace_fit_stopped_short_of_the_mode_says_so(monkeypatch):
+    # One Newton step from the trace mean (a fresh cache, so the short fit is compiled anew).
+    monkeypatch.setattr(postprocess, "LAPLACE_ITERATIONS", 1)
+    stats = stats_for(np.random.default_rng(4), np.array([0.2, softplus_inverse(VARIANCE)]))
+    [laplace] = sample_laplace([stats], [jax.random.key(1)], draws=10, chains=1,
+                               structure=ModelStructure(), cache=cache())
+    message = laplace_convergence(laplace.fit_stats)
+    assert laplace.fit_stats["newton_decrement"] > postprocess.LAPLACE_TOLERANCE
+    assert "has not converged" in message and "inference='nuts'" in message
+
+
+def test_a_laplace_fit_at_a_saddle_says_so():
+    message = laplace_convergence({"newton_decrement": 0.0, "min_curvature": -2.0})
+    assert "not concave" in message
 
 
 def test_the_subsampling_noise_can_be_modelled():
