@@ -93,7 +93,9 @@ class NADPVI(Mechanism):
         comparison: it ignores the privacy noise).
     inference
         ``"nuts"`` (blackjax NUTS with window adaptation) or ``"laplace"`` for the
-        post-processing model.
+        post-processing model.  A Laplace fit that has not reached a mode warns, and publishes
+        how far it is (``laplace_newton_decrement``, ``laplace_min_curvature`` in the
+        ``postprocessing_posterior`` group's attributes).
     tune, draws, chains
         NUTS warm-up and kept draws per chain (paper: 1000 and 4000); the posterior has
         chains × draws θ draws, one from q(θ; φ*) per draw of φ*.
