@@ -66,6 +66,7 @@ def test_paper_size_noise_aware_coverage_error_is_within_the_papers_range():
     assert joint_rmse(model, "noise-aware", 200) <= 0.03
     assert joint_rmse(model, "naive", 200) >= 0.2
 
+
 # One model of each class users fit, at default settings: GLMs with correlated covariates, a
 # regression with an unknown noise scale, varying intercepts over public groups (the demo's model
 # has its test beside the demo, in tests/app/test_demo.py).  CI size: N = 1000 records, 3000
