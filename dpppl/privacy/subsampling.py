@@ -107,7 +107,9 @@ def poisson_batch(
     # a uniform draw of exactly 0 into a gap of INT64_MAX, and the wrapped sum then put the last
     # record into every later slot).  Gaps below 1 would repeat a record.
     gaps = jnp.clip(gaps, 1, n_records + 1)
-    positions = jnp.cumsum(gaps) - 1
+    # An associative scan, not jnp.cumsum: XLA on the CPU lowers cumsum to a reduce_window that
+    # costs several times more here, and integer sums are exact in any order.
+    positions = jax.lax.associative_scan(jnp.add, gaps) - 1
     mask = (positions >= 0) & (positions < n_records)
     return jnp.where(mask, positions, 0), mask
 
