@@ -1,8 +1,8 @@
 """DPVI: DP-SGD on the per-record ELBO loss (NA-DPVI paper, Algorithm 3 with Appendix H.2).
 
 Each step Poisson-samples about κN records as a fixed-shape masked batch, takes per-record
-gradients of the mean-field ELBO loss by ``vmap``, multiplies them by the preconditioning vector
-β, clips each to norm C and adds noise to their sum: by default the snapped release
+gradients of the mean-field ELBO loss (:meth:`~dpppl.plugin.RecordModel.elbo_loss_grads`),
+multiplies them by the preconditioning vector β, clips each to norm C and adds noise to their sum: by default the snapped release
 (:func:`dpppl.plugin.snapped_gaussian_release`: rows rounded to a power-of-two grid g, exact
 discrete-Gaussian noise of std σ(C + g√d), every output exactly k·g), or N(0, σ²C²) float64
 noise.  It divides the noisy sum by β and takes an SGD step with learning rate λ ⊙ β.  The whole
@@ -27,7 +27,6 @@ from dpppl.plugin import (
     clip_rows,
     gather,
     gaussian_noise,
-    per_example_grad,
     poisson_batch,
     require_exact,
     snapped_gaussian_release,
@@ -85,7 +84,6 @@ def make_step(model: RecordModel, capacity: int, mc_draws: int, snapped: bool = 
     ``snapped`` (static) chooses the snapped release on the (traced) ``grid``; the float release
     ignores ``grid``.
     """
-    grads = per_example_grad(model.elbo_loss, n_args=2)
     n = model.n_params
 
     def step(phi, key, data, settings: DPSGDSettings, grid=None):
@@ -98,7 +96,7 @@ def make_step(model: RecordModel, capacity: int, mc_draws: int, snapped: bool = 
         # each record's gradient, which keeps per-record u-gradients small and rarely clipped.
         half = jax.random.normal(key_eps, ((mc_draws + 1) // 2, n), dtype=phi.dtype)
         eps = jnp.concatenate([half, -half])[:mc_draws]
-        per_record = grads(phi, batch, eps, settings.n_records)
+        per_record = model.elbo_loss_grads(phi, batch, eps, settings.n_records)
         rows = clip_rows(per_record * settings.preconditioner, settings.clipping_bound)
         rows = rows * mask[:, None]
         if snapped:
