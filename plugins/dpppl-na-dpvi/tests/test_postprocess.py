@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pymc as pm
 import pytest
+import scipy.stats
 
 from dpppl import record_model
 from dpppl.plugin import softplus_inverse
@@ -15,6 +16,8 @@ from dpppl_na_dpvi import postprocess
 from dpppl_na_dpvi.postprocess import (
     ModelStructure,
     TraceStatistics,
+    correlation_cholesky,
+    curvature_matrices,
     draw_optimum,
     initial_position,
     laplace_convergence,
@@ -79,6 +82,39 @@ def test_sufficient_statistics_give_the_same_density_as_the_full_trace():
     a, b = jnp.array([0.01, -0.02, 6.8, -0.5]), jnp.array([-0.03, 0.05, 7.1, -0.9])
     np.testing.assert_allclose(
         log_density(a, stats, structure) - log_density(b, stats, structure),
+        direct(a) - direct(b),
+        rtol=1e-8,
+    )
+
+
+def test_a_full_curvature_block_gives_the_same_density_as_the_full_trace():
+    """The same check for a correlated μ-block, whose A is rebuilt by curvature_matrices."""
+    rng = np.random.default_rng(1)
+    a = np.diag([1 / VARIANCE, 1 / VARIANCE, 0.5, 0.5])
+    a[0, 1] = a[1, 0] = -0.6 / VARIANCE
+    noise_std = np.array([300.0, 300.0, 0.4, 0.4])
+    phi_star = np.array([0.05, -0.02, *[float(softplus_inverse(VARIANCE))] * 2])
+    phi, grads = simulate_correlated(rng, phi_star, a, noise_std, steps=600)
+    stats = TraceStatistics.from_trace(phi, grads, burn_in=100, noise_std=noise_std, rate=KAPPA,
+                                       subsampling_scale=np.zeros(4))
+    structure = ModelStructure(full_curvature=True, optimum_prior="standard-normal")
+
+    def direct(params):
+        delta, v, y = params[:4], params[4:8], params[8:]
+        chol, _ = correlation_cholesky(y, 2)
+        matrix = curvature_matrices(np.exp(v), np.asarray(chol @ chol.T)[1:, :1].ravel())
+        mean = KAPPA * (phi[100:-1] - stats.phi_bar - delta) @ matrix.T
+        return (
+            scipy.stats.norm.logpdf(grads[100:], mean, noise_std).sum()
+            + scipy.stats.norm.logpdf(delta).sum()
+            + scipy.stats.norm.logpdf(v, stats.prior_v_mean, stats.prior_v_std).sum()
+        )
+
+    v = np.asarray(stats.prior_v_mean)
+    a = np.concatenate([[0.01, -0.02, 0.03, -0.01], v + 0.1, [0.4]])
+    b = np.concatenate([[-0.03, 0.05, -0.02, 0.02], v - 0.2, [0.4]])
+    np.testing.assert_allclose(
+        log_density(jnp.asarray(a), stats, structure) - log_density(jnp.asarray(b), stats, structure),
         direct(a) - direct(b),
         rtol=1e-8,
     )
