@@ -616,22 +616,24 @@ class RecordModel:
     ) -> jax.Array:
         """Per-record gradients ∇_φ ℓ(φ; x_i) of :meth:`elbo_loss`, shape (B, 2n).
 
-        By the chain rule through the draws θ_m = μ + sd(u) ⊙ ε_m, elementwise in φ = (μ, u):
-        with the scores s_im = ∇_θ log p(x_i | θ_m) (:func:`per_example_grad`, so row i reads
-        record i alone), ∇_μ ℓ_i = −1/M Σ_m s_im and ∇_u ℓ_i = −1/M Σ_m s_im ⊙ ε_m ⊙ sd'(u),
-        plus the gradient of the part that reads no record, the same in every row.  The same
-        numbers as ``per_example_grad(elbo_loss)``, for less work: that differentiates all M
-        draws of every record along each of the 2n directions of φ, this the log-likelihood
-        along the n directions of θ (2.0× faster on the 12-parameter linear regression of the
-        NA-DPVI paper, 1.2× on Beta–Bernoulli, at 665 records and 10 draws).
+        From :data:`CHAIN_RULE_MIN_PARAMS` parameters on, by the chain rule through the draws
+        θ_m = μ + sd(u) ⊙ ε_m, elementwise in φ = (μ, u): with the scores
+        s_im = ∇_θ log p(x_i | θ_m) (:func:`per_example_grad`, so row i reads record i alone),
+        ∇_μ ℓ_i = −1/M Σ_m s_im and ∇_u ℓ_i = −1/M Σ_m s_im ⊙ ε_m ⊙ sd'(u), plus the gradient
+        of the part that reads no record, the same in every row.  That differentiates the
+        log-likelihood along the n directions of θ instead of all M draws along the 2n
+        directions of φ.  Below it, ``per_example_grad(elbo_loss)``.  The numbers are the same
+        either way.
         """
         n = self.n_params
+        if n < CHAIN_RULE_MIN_PARAMS:
+            return per_example_grad(self.elbo_loss, n_args=2)(phi, batch, eps, n_records)
         scores = jax.vmap(per_example_grad(self.loglik), in_axes=(0, None))(
             self._mc_draws(phi, eps), batch
         ) / -eps.shape[0]
         slope = jax.grad(lambda u: jnp.sum(_variational_sd(u)))(phi[n:])  # elementwise: sd'(u)
         rows = jnp.concatenate(
-            [jnp.sum(scores, axis=0), jnp.einsum("mbj,mj->bj", scores, eps) * slope], axis=1
+            [jnp.sum(scores, axis=0), jnp.sum(scores * eps[:, None, :], axis=0) * slope], axis=1
         )
         return rows + jax.grad(self._entropy_and_prior)(phi, eps) / n_records
 
@@ -700,6 +702,13 @@ def _probe_record_axis(compiled: CompiledRecordModel, n_records: int) -> None:
                 "record (leading dimension of length N)"
             )
 
+
+#: Fewest model parameters for which :meth:`RecordModel.elbo_loss_grads` takes the chain rule
+#: through the Monte Carlo draws.  Microseconds per replicate and DP-SGD step of NA-DPVI (665
+#: batch slots, 10 draws, snapped release), chain rule against ``per_example_grad(elbo_loss)``:
+#: 52 / 29 with 1 parameter (Beta–Bernoulli), 96 / 68 with 2, 114 / 159 with 4 (logistic
+#: regressions), 174 / 481 with 12 (the 10-D linear regression).
+CHAIN_RULE_MIN_PARAMS = 3
 
 #: Largest number of parameters (leaves' total size) for which per-record gradients are taken in
 #: forward mode over the whole batch.  Against ``vmap`` of reverse mode per record, at a batch

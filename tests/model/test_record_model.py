@@ -13,6 +13,7 @@ import pymc as pm
 import pytest
 
 import dpppl
+import dpppl.model.record_model as record_model_module
 from dpppl.model.record_model import (
     compiled_models,
     per_example_grad,
@@ -140,7 +141,15 @@ def test_per_example_gradients_agree_with_finite_differences(any_model):
         np.testing.assert_allclose(grads[:, j], numeric, rtol=1e-5, atol=1e-6)
 
 
-def test_elbo_loss_grads_are_the_per_record_gradients_of_the_elbo_loss(any_model):
+@pytest.fixture
+def chain_rule_always(monkeypatch):
+    """The chain rule of ``elbo_loss_grads`` on every model, however few its parameters."""
+    monkeypatch.setattr(record_model_module, "CHAIN_RULE_MIN_PARAMS", 1)
+
+
+def test_elbo_loss_grads_are_the_per_record_gradients_of_the_elbo_loss(
+    any_model, chain_rule_always
+):
     compiled = record_model(any_model)
     n = compiled.n_params
     rng = np.random.default_rng(8)
@@ -154,7 +163,7 @@ def test_elbo_loss_grads_are_the_per_record_gradients_of_the_elbo_loss(any_model
     np.testing.assert_allclose(ours, autodiff, rtol=1e-10, atol=1e-12)
 
 
-def test_elbo_loss_grads_row_i_reads_record_i_alone(regression_model):
+def test_elbo_loss_grads_row_i_reads_record_i_alone(regression_model, chain_rule_always):
     compiled = record_model(regression_model)
     n = compiled.n_params
     phi = jnp.concatenate([jnp.asarray(compiled.initial_point()), jnp.full(n, -2.0)])
