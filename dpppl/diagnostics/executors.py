@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
 
+import jax
+
 from dpppl.progress import Progress
 
 Result = TypeVar("Result")
@@ -28,7 +30,13 @@ CHUNKS_PER_WORKER = 4
 
 
 def default_workers() -> int:
-    """The CPUs this process may use."""
+    """The CPUs this process may use; 1 when JAX computes on an accelerator.
+
+    One process owns a GPU and keeps it busy with vectorised batches; worker processes would
+    each claim most of its memory at start and fail.
+    """
+    if jax.default_backend() != "cpu":
+        return 1
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

@@ -150,7 +150,8 @@ def tarp(
         A ``dask.distributed.Client``: the replicates run on its cluster.  Workers (local or
         Dask) get the model without its records (see :func:`dpppl.model.record_structure.without_records`).
     n_workers
-        Local worker processes when no client is given (default: the CPUs available).
+        Local worker processes when no client is given (default: the CPUs available, or 1 when
+        JAX computes on a GPU).
         ``n_workers=1`` runs everything in this process.  Worker processes start with
         ``spawn``: a script must guard its entry point with ``if __name__ == "__main__":``.
     batch_size

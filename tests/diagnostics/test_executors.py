@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+import jax
 import pytest
 
-from dpppl.diagnostics.executors import check_executor, map_chunks, split
+from dpppl.diagnostics import executors
+from dpppl.diagnostics.executors import check_executor, default_workers, map_chunks, split
 
 
 @pytest.mark.parametrize(("n_items", "n_chunks"), [(10, 3), (3, 10), (12, 4), (1, 1)])
@@ -27,6 +31,23 @@ def test_one_worker_runs_each_item_in_this_process_in_order():
 
     results = map_chunks(range(5), local=local, remote=remote, n_workers=1, progressbar=True)
     assert results == [0, 1, 2, 3, 4] and calls == [[0], [1], [2], [3], [4]]
+
+
+def test_by_default_a_cpu_study_uses_every_cpu_this_process_may_use():
+    assert jax.default_backend() == "cpu"
+    assert default_workers() == len(os.sched_getaffinity(0))
+
+
+def test_by_default_a_gpu_study_runs_in_the_one_process_that_owns_the_gpu(monkeypatch):
+    # No GPU here (CI has none): the backend JAX reports is replaced.  On an H200, the default
+    # of 16 spawned workers would each claim most of the GPU's memory at start.
+    monkeypatch.setattr(executors.jax, "default_backend", lambda: "gpu")
+    assert default_workers() == 1
+
+    def remote(chunk):  # pragma: no cover - must not run
+        raise AssertionError("a GPU study must not start worker processes by default")
+
+    assert map_chunks(range(3), local=sum, remote=remote, progressbar=False) == [0, 1, 2]
 
 
 @pytest.mark.parametrize("n_workers", [0, -1, 1.5, True])
