@@ -67,7 +67,12 @@ __getattr__, __dir__, _lazy = lazy_exports(
             "snapped_sensitivity",
         ],
         "dpppl.privacy.noise_calibration": ["calibrate_noise_multiplier"],
-        "dpppl.privacy.subsampling": ["PoissonSampler", "gather", "poisson_batch"],
+        "dpppl.privacy.subsampling": [
+            "GeometricTable",
+            "PoissonSampler",
+            "gather",
+            "poisson_batch",
+        ],
         "dpppl.progress": ["Progress", "Task"],
     },
 )

@@ -41,7 +41,7 @@ from dpppl.plugin.registry import get_accountant
 from dpppl.privacy.events import NeighbourRelation, poisson_subsampled_gaussian
 from dpppl.privacy.noise import SnappedGaussian, clip_rows, gaussian_noise
 from dpppl.privacy.noise_calibration import calibrate_noise_multiplier
-from dpppl.privacy.subsampling import poisson_batch
+from dpppl.privacy.subsampling import GeometricTable, poisson_batch
 
 DELTA = 1e-5
 #: Confidence of every ε lower bound (union bound over the four Clopper–Pearson intervals).
@@ -160,7 +160,7 @@ def settings(model, *, noise_multiplier, rate=1.0, n_records=1):
         noise_multiplier=noise_multiplier,
         preconditioner=jnp.ones(d),
         learning_rate=jnp.zeros(d),  # φ stays put: every step sees the same canary gradient
-        sampling_rate=rate,
+        gaps=GeometricTable.for_rate(rate),
         n_records=n_records,
     )
 
@@ -272,7 +272,9 @@ class TestSingleStepAudit:
         claim = pld_epsilon(sigma, rate, 1)  # ≈ 0.03: amplification by subsampling
         monkeypatch.setattr(
             dpsgd, "poisson_batch",
-            lambda key, n_records, rate, capacity: poisson_batch(key, n_records, 1.0, capacity),
+            lambda key, n_records, table, capacity: poisson_batch(
+                key, n_records, GeometricTable.for_rate(1.0), capacity
+            ),
         )
         broken = single_step_audit(canary_model, noise_multiplier=sigma, rate=rate)
         FIGURES["single step q=0.01, every record taken"] = (broken, claim)

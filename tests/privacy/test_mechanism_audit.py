@@ -30,6 +30,7 @@ from scipy import stats
 import dpppl
 import dpppl_na_dpvi.dpsgd as dpsgd
 from dpppl.model.record_model import record_model
+from dpppl.privacy.subsampling import GeometricTable
 from dpppl.progress import Progress
 
 SIGNIFICANCE = 1e-6
@@ -50,7 +51,9 @@ def one_hot_model():
 def noise_free_sums(model, *, trials=TRIALS, rate=RATE, seed=0):
     """The released gradients (trials, 2 N) of the real step with σ = 0 and q = ``rate``."""
     d = 2 * model.n_params
-    step_settings = dpsgd.DPSGDSettings(BOUND, 0.0, jnp.ones(d), jnp.zeros(d), rate, N_RECORDS)
+    step_settings = dpsgd.DPSGDSettings(
+        BOUND, 0.0, jnp.ones(d), jnp.zeros(d), GeometricTable.for_rate(rate), N_RECORDS
+    )
     step = dpsgd.make_step(model, capacity=N_RECORDS, mc_draws=2)
     data = {k: jnp.asarray(v) for k, v in model.data().items()}
     phi = jnp.zeros(d)
@@ -102,7 +105,7 @@ class TestPoissonSamplingInTheRealStep:
         """Shuffling gives each record the right marginal rate, but not Binomial batch sizes."""
         size = round(RATE * N_RECORDS)
 
-        def shuffled(key, n_records, rate, capacity):
+        def shuffled(key, n_records, table, capacity):
             order = jax.random.permutation(key, capacity)
             return order, jnp.arange(capacity) < size
 

@@ -1,5 +1,6 @@
 """Poisson subsampling, checked statistically: each record is in a batch at the sampling rate,
-once at most, and a truncated batch is as rare as its δ share says."""
+once at most, the gaps between records follow the geometric law their thresholds say, and what
+separates the sampler from ideal Poisson sampling is charged in δ."""
 
 from __future__ import annotations
 
@@ -9,14 +10,24 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpppl.privacy.subsampling import PoissonSampler, gather, poisson_batch
+from dpppl.privacy.budget import total_variation_delta
+from dpppl.privacy.subsampling import (
+    GeometricTable,
+    PoissonSampler,
+    _count_above,
+    gather,
+    geometric_rounding_variation,
+    geometric_thresholds,
+    poisson_batch,
+)
 
 SIGNIFICANCE = 1e-6
 
 
 def _batches(n_records, rate, capacity, count, seed=0):
     keys = jax.random.split(jax.random.key(seed), count)
-    return jax.vmap(lambda k: poisson_batch(k, n_records, rate, capacity))(keys)
+    table = GeometricTable.for_rate(rate)
+    return jax.vmap(lambda k: poisson_batch(k, n_records, table, capacity))(keys)
 
 
 def test_every_record_is_included_at_the_sampling_rate():
@@ -48,35 +59,72 @@ def test_a_batch_holds_each_record_at_most_once():
         assert chosen.min() >= 0 and chosen.max() < 1000
 
 
-@pytest.mark.parametrize("slot", [0, 5])
-def test_a_degenerate_geometric_gap_cannot_repeat_a_record(monkeypatch, slot):
-    """JAX before 0.10.2 returned INT64_MAX as a gap for a uniform draw of exactly 0; the int64
-    sum then wrapped negative and the last record filled every later slot of the batch."""
-    honest = jax.random.geometric
-
-    def degenerate(key, p, shape=(), dtype=None):
-        gaps = honest(key, p, shape=shape, dtype=jnp.int64)
-        return gaps.at[slot].set(jnp.iinfo(jnp.int64).max)
-
-    monkeypatch.setattr(jax.random, "geometric", degenerate)
-    for batch in (poisson_batch, jax.jit(poisson_batch, static_argnums=3)):
-        indices, mask = batch(jax.random.key(8), 1000, 0.1, 130)
-        chosen = np.asarray(indices)[np.asarray(mask)]
-        assert ((chosen >= 0) & (chosen < 1000)).all()
-        assert len(np.unique(chosen)) == len(chosen)
-        assert (np.diff(chosen) > 0).all()
+def _as_integers(thresholds):
+    return [int(high) << 64 | int(low) for high, low in zip(*thresholds, strict=True)]
 
 
-def test_the_installed_jax_samples_geometric_gaps_of_at_least_one():
-    """The floor in pyproject.toml: a uniform draw of 0 must give a gap of 1, not INT64_MAX."""
-    from importlib.metadata import version
+@pytest.mark.parametrize("rate", [0.1, 0.3, 1 / 3, 1e-3, 1.0])
+def test_gap_thresholds_are_the_geometric_tail_rounded_down_to_2_to_the_minus_128(rate):
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.prec = 400
+    ascending = _as_integers(geometric_thresholds(rate))
+    assert ascending == sorted(ascending) and ascending[0] == 0
+    keep = 1 - mpmath.mpf(rate)  # the float rate, exactly
+    for k, t in enumerate(reversed(ascending), start=1):
+        assert 0 <= keep**k * mpmath.mpf(2) ** 128 - t < 2
+    # The table stops at the first k whose tail is below one unit.
+    assert keep ** len(ascending) * mpmath.mpf(2) ** 128 < 2
 
-    major, minor, patch = (int(part) for part in version("jax").split(".")[:3])
-    assert (major, minor, patch) >= (0, 10, 2)
+
+@pytest.mark.parametrize("rate", [0.1, 0.5, 1e-3, 1.0])
+def test_the_guessed_count_is_the_exact_count_at_every_threshold(rate):
+    """The float guess is corrected by exact comparisons: draws at, just below and just above
+    every threshold (where a guess is most likely off by one) count exactly."""
+    table = GeometricTable.for_rate(rate)
+    ascending = _as_integers(table.thresholds)
+    rng = np.random.default_rng(0)
+    draws = {t + d for t in ascending for d in (-1, 0, 1) if 4 / rate <= t + d < 2**128}
+    draws |= {int.from_bytes(rng.bytes(16)) for _ in range(2000)}
+    draws = sorted(draws)
+    words = np.array([(u >> 64, u & (2**64 - 1)) for u in draws], dtype=np.uint64)
+    counts = np.asarray(jax.jit(_count_above)(table, jnp.asarray(words[:, 0]),
+                                              jnp.asarray(words[:, 1])))
+    exact = len(ascending) - np.searchsorted(np.array(ascending, dtype=object), draws,
+                                             side="right")
+    np.testing.assert_array_equal(counts, exact.astype(np.int64))
+
+
+def test_gaps_follow_the_geometric_law():
+    rate, trials, capacity = 0.3, 4000, 50
+    indices, mask = _batches(2**40, rate, capacity, trials, seed=4)
+    assert np.asarray(mask).all()
+    positions = np.asarray(indices)
+    gaps = np.diff(np.concatenate([np.full((trials, 1), -1), positions], axis=1)).ravel()
+    largest = 15
+    observed = np.bincount(np.minimum(gaps, largest), minlength=largest + 1)[1:]
+    expected = rate * (1 - rate) ** np.arange(largest - 1)
+    expected = np.append(expected, 1 - expected.sum()) * len(gaps)
+    assert stats.chisquare(observed, expected).pvalue > SIGNIFICANCE
+
+
+def test_the_largest_and_smallest_draws_give_gaps_of_one_and_the_table_length(monkeypatch):
+    table = GeometricTable.for_rate(0.1)
+    for word, gap in ((2**64 - 1, 1), (0, table.thresholds.shape[1] + 1)):
+        monkeypatch.setattr(jax.random, "bits",
+                            lambda key, shape, dtype, word=word: jnp.full(shape, word, dtype))
+        indices, mask = poisson_batch(jax.random.key(0), 10**9, table, 5)
+        assert np.asarray(mask).all()
+        assert np.diff(np.asarray(indices)).tolist() == [gap] * 4
+
+
+@pytest.mark.parametrize("rate", [0.0, -0.1, 1.5, 1e-7])
+def test_rates_outside_the_table_range_are_refused(rate):
+    with pytest.raises(ValueError, match="rate"):
+        geometric_thresholds(rate)
 
 
 def test_rate_one_takes_every_record():
-    indices, mask = poisson_batch(jax.random.key(0), 7, 1.0, 9)
+    indices, mask = poisson_batch(jax.random.key(0), 7, GeometricTable.for_rate(1.0), 9)
     assert np.asarray(indices)[np.asarray(mask)].tolist() == list(range(7))
 
 
@@ -86,6 +134,16 @@ def test_capacity_makes_overflow_rarer_than_its_delta_share():
     assert sampler.delta_cost(10_000, 1.0) <= 1e-4 * 1e-5
     assert sampler.capacity < 5000 * 0.1 * 1.5
     assert sampler.expected_batch_size == 500
+
+
+@pytest.mark.parametrize("rate", [0.1, 1e-3])
+def test_the_delta_cost_charges_truncation_and_the_rounded_gap_law(rate):
+    sampler = PoissonSampler.for_target(100_000, rate, 10_000, epsilon=1.0, delta=1e-6)
+    variation = 10_000 * (sampler.overflow_probability
+                          + sampler.capacity * geometric_rounding_variation(rate))
+    assert sampler.delta_cost(10_000, 1.0) == pytest.approx(total_variation_delta(1.0, variation))
+    # The rounding's share is far below the truncation's: about 183 / q · 2⁻¹²⁸ per gap.
+    assert 0 < geometric_rounding_variation(rate) < 1e-30
 
 
 @pytest.mark.parametrize(

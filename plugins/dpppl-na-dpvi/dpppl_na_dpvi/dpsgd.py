@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpppl.plugin import (
+    GeometricTable,
     Progress,
     RecordModel,
     clip_rows,
@@ -41,8 +42,13 @@ class DPSGDSettings(NamedTuple):
     noise_multiplier: float
     preconditioner: jax.Array  # β, shape (d,)
     learning_rate: jax.Array  # λ = λ_heur β, shape (d,)
-    sampling_rate: float
+    gaps: GeometricTable  # the Poisson sampler's, at rate q; the same for every replicate
     n_records: int
+
+
+#: How the vmapped replicate program maps over the settings: every number is per replicate; the
+#: sampler's table (the same rate for all, 8.9 · 10⁵ rows at q = 10⁻⁴) is shared.
+_SETTINGS_AXES = DPSGDSettings(0, 0, 0, 0, None, 0)
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,7 @@ def make_step(model: RecordModel, capacity: int, mc_draws: int, snapped: bool = 
     def step(phi, key, data, settings: DPSGDSettings, grid=None):
         key_batch, key_eps, key_noise = jax.random.split(key, 3)
         indices, mask = poisson_batch(
-            key_batch, settings.n_records, settings.sampling_rate, capacity
+            key_batch, settings.n_records, settings.gaps, capacity
         )
         batch = gather(data, indices)
         # Antithetic pairs (ε, −ε): the reparameterisation noise that is odd in ε cancels within
@@ -128,7 +134,7 @@ def _chunk_runner(
         phi, out = jax.lax.scan(lambda carry, k: step(carry, k, data, settings, grid), phi, keys)
         return phi, out._replace(exact=jnp.all(out.exact))
 
-    return jax.jit(jax.vmap(run, in_axes=(0, 0, 0, 0, None)) if replicates else run)
+    return jax.jit(jax.vmap(run, in_axes=(0, 0, 0, _SETTINGS_AXES, None)) if replicates else run)
 
 
 class Schedule(Protocol):
@@ -189,6 +195,14 @@ def _stack(trees):
     return jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(x) for x in leaves]), *trees)
 
 
+def _stack_settings(settings: Sequence[DPSGDSettings]) -> DPSGDSettings:
+    """The replicates' settings for the vmapped program (see ``_SETTINGS_AXES``)."""
+    shared = settings[0].gaps
+    if any(s.gaps.rate != shared.rate for s in settings):
+        raise ValueError("replicates of one DP-SGD run must share the sampling rate")
+    return _stack([s._replace(gaps=None) for s in settings])._replace(gaps=shared)
+
+
 def run_dpsgd_replicates(
     model: RecordModel,
     data: Sequence[Mapping[str, np.ndarray]],
@@ -229,7 +243,7 @@ def run_dpsgd_replicates(
         s.settings(np.asarray(p)[None], progress=0.0 if burn_in else 1.0)
         for s, p in zip(schedules, phi0, strict=True)
     ]
-    stacked = _stack(settings) if vectorised else None
+    stacked = _stack_settings(settings) if vectorised else None
     outputs: list[StepOutput] = []
     preconditioners = []
     with progress.task("DP-SGD", total=steps) as bar:
@@ -257,7 +271,7 @@ def run_dpsgd_replicates(
                     s.settings(np.asarray(p), progress=(i + 1) / len(burn_in))
                     for s, p in zip(schedules, np.asarray(out.phi), strict=True)
                 ]
-                stacked = _stack(settings) if vectorised else None
+                stacked = _stack_settings(settings) if vectorised else None
             if i == len(burn_in) - 1:
                 burn_in_phi = np.asarray(jnp.concatenate([o.phi for o in outputs], axis=1))
                 phi = jnp.asarray(

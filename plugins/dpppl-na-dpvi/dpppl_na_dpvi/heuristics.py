@@ -37,7 +37,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from dpppl.plugin import RecordModel, softplus_inverse
+from dpppl.plugin import GeometricTable, RecordModel, softplus_inverse
 from dpppl_na_dpvi.dpsgd import DPSGDSettings
 
 #: C = CLIP_SCALE · √d for standardised per-record gradients of dimension d.
@@ -134,7 +134,7 @@ class StandardisedSchedule:
             noise_multiplier=float(self.noise_multiplier),
             preconditioner=jnp.asarray(beta),
             learning_rate=jnp.asarray(lr_heur * beta),
-            sampling_rate=float(self.sampling_rate),
+            gaps=GeometricTable.for_rate(self.sampling_rate),
             n_records=int(self.model.n_records),
         )
         return self.last

@@ -233,7 +233,8 @@ class NADPVI(Mechanism):
 
         Tiny shares of δ pay for what the accounted event leaves out, and the accountant is asked
         for the rest: batches larger than the sampler's capacity are truncated (probability
-        below 10⁻⁴ δ over the whole run), and the snapped release's discrete-Gaussian noise is
+        below 10⁻⁴ δ over the whole run), the sampler's gap law is rounded to multiples of
+        2⁻¹²⁸ (:class:`dpppl.plugin.PoissonSampler`), and the snapped release's discrete-Gaussian noise is
         within a total variation of 3.6·10⁻¹⁵ per coordinate and step of the rounded
         continuous Gaussian the event describes (:class:`dpppl.plugin.SnappedGaussian`).
         Both are charged (1 + e^ε) times their total variation.
@@ -253,10 +254,15 @@ class NADPVI(Mechanism):
             )
         extra_delta = truncation + snapping
         if extra_delta >= delta:
+            remedy = "a larger delta or the option noise='float'" if snapping >= truncation else (
+                "a smaller epsilon or a larger delta"
+            )
             raise InvalidPrivacyParameterError(
-                f"delta={delta:g} does not cover the snapped release's share "
-                f"({snapping:.3g}) at epsilon={epsilon:g} and {o.steps} steps; use a larger "
-                "delta or the option noise='float'"
+                f"delta={delta:g} does not cover what the accounting leaves out at "
+                f"epsilon={epsilon:g} and {o.steps} steps, each charged (1 + e^epsilon) times its "
+                f"total variation: the Poisson sampler's truncation and rounding "
+                f"({truncation:.3g}) and the snapped release's share ({snapping:.3g}); use "
+                f"{remedy}"
             )
         accounted = super().plan(
             n_records=n_records, epsilon=epsilon, delta=delta - extra_delta, accountant=accountant

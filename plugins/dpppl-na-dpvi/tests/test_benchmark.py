@@ -62,14 +62,14 @@ def timed(fn):
     return time.perf_counter() - start, out
 
 
-def full_pass_dpsgd(model, data, phi0, settings, steps, mc_draws, key):
+def full_pass_dpsgd(model, data, phi0, settings, steps, mc_draws, key, rate=0.1):
     """The reference code's loop: every record's gradient every step, then a Bernoulli mask."""
     grads = per_example_grad(model.elbo_loss, n_args=2)
     n = model.n_params
 
     def step(phi, key):
         key_mask, key_eps, key_noise = jax.random.split(key, 3)
-        mask = jax.random.bernoulli(key_mask, settings.sampling_rate, (model.n_records,))
+        mask = jax.random.bernoulli(key_mask, rate, (model.n_records,))
         eps = jax.random.normal(key_eps, (mc_draws, n))
         per_record = grads(phi, data, eps, model.n_records)
         clipped = clip_rows(per_record * settings.preconditioner, settings.clipping_bound)

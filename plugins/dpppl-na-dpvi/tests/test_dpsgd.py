@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 from dpppl import record_model
+from dpppl.plugin import GeometricTable
 from dpppl_na_dpvi.dpsgd import DPSGDSettings, make_step
 
 SIGNIFICANCE = 1e-6
@@ -35,7 +36,7 @@ def settings(model, *, sigma, bound, rate=1.0, beta=None, lr=0.0):
         noise_multiplier=sigma,
         preconditioner=jnp.ones(d) if beta is None else jnp.asarray(beta),
         learning_rate=jnp.full(d, lr),
-        sampling_rate=rate,
+        gaps=GeometricTable.for_rate(rate),
         n_records=model.n_records,
     )
 
@@ -102,7 +103,7 @@ def test_records_are_included_at_the_sampling_rate(model):
     step = jax.jit(make_step(model, capacity=n, mc_draws=2))
     one = step(far_phi(model), jax.random.key(0),
                {k: v[:1] for k, v in data.items()},
-               DPSGDSettings(0.5, 0.0, jnp.ones(4), jnp.zeros(4), 1.0, 1))[1].noisy_grad
+               DPSGDSettings(0.5, 0.0, jnp.ones(4), jnp.zeros(4), GeometricTable.for_rate(1.0), 1))[1].noisy_grad
     counts = []
     for seed in rng.integers(0, 2**31, size=400):
         grad = step(far_phi(model), jax.random.key(int(seed)), data,

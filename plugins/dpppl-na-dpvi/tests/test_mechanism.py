@@ -18,13 +18,17 @@ from dpppl_na_dpvi.heuristics import default_clipping_bound
 FAST = {"steps": 300, "tune": 100, "draws": 100, "chains": 2, "mc_draws": 2}
 
 
-@pytest.fixture(scope="module")
-def model():
+def model_of_one_parameter():
     rng = np.random.default_rng(0)
     with pm.Model(coords={"obs": range(200)}) as m:
         p = pm.Beta("p", 1, 1)
         pm.Bernoulli("y", p=p, observed=rng.binomial(1, 0.3, 200), dims="obs")
     return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    return model_of_one_parameter()
 
 
 def sample(model, **options):
@@ -127,10 +131,23 @@ def test_laplace_inference_publishes_how_close_its_fit_came_to_a_mode(model):
     assert attrs["laplace_min_curvature"] > 0
 
 
+def test_an_epsilon_whose_sampler_charge_exceeds_delta_is_refused_before_anything_is_spent():
+    """At ε = 100 the sampler's rounding and truncation, charged (1 + e^ε) times their total
+    variation, cost more than δ: the plan says so and what to change."""
+    mechanism = get_mechanism("na-dpvi")(steps=1000, noise="float")
+    mechanism.check_model(dpppl.record_model(model_of_one_parameter()))
+    with pytest.raises(dpppl.InvalidPrivacyParameterError,
+                       match="Poisson sampler's truncation and rounding.*smaller epsilon"):
+        mechanism.plan(n_records=2000, epsilon=100.0, delta=1e-5,
+                       accountant=get_accountant("rdp")())
+
+
 def test_laplace_finds_a_finite_mode_of_a_twelve_parameter_model_at_low_noise():
     # The NA-DPVI paper's 10-D linear regression (σ² ~ InvGamma(20, 1/2), w, b ~ N(0, 4σ²)) at
-    # ε = 100: a sharply peaked post-processing posterior over 114 parameters, on which the
-    # earlier BFGS fit returned NaN modes (and infinite σ² draws) for 3 of 4 data sets.
+    # ε = 40: a sharply peaked post-processing posterior over 114 parameters, on which the
+    # earlier BFGS fit returned NaN modes (and infinite σ² draws) for 3 of 4 data sets.  (At
+    # ε = 100 the δ that the sampler's rounded gap law costs, (1 + e^ε) times its total
+    # variation, is above any δ.)
     rng = np.random.default_rng(2)
     x = rng.standard_normal((1000, 10))
     y = x @ rng.normal(0, 0.3, 10) + rng.normal(0, 0.16, 1000)
@@ -139,8 +156,8 @@ def test_laplace_finds_a_finite_mode_of_a_twelve_parameter_model_at_low_noise():
         w = pm.Normal("w", 0.0, 2 * pm.math.sqrt(sigma2), shape=10)
         b = pm.Normal("b", 0.0, 2 * pm.math.sqrt(sigma2))
         pm.Normal("y", x @ w + b, pm.math.sqrt(sigma2), observed=y)
-    # At ε = 100 the snapped release's δ share, (1 + e^ε)·T·d·3.6·10⁻¹⁵, is far above any δ.
-    result = sample(model, inference="laplace", epsilon=100.0, steps=1000, chains=1, draws=200,
+    # At ε = 40 the snapped release's δ share, (1 + e^ε)·T·d·3.6·10⁻¹⁵, is far above any δ.
+    result = sample(model, inference="laplace", epsilon=40.0, steps=1000, chains=1, draws=200,
                     noise="float")
     sigma2_draws = result.posterior["sigma2"].values
     assert np.isfinite(sigma2_draws).all() and np.isfinite(result.posterior["w"].values).all()
