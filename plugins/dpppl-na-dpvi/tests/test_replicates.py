@@ -9,6 +9,7 @@ from scipy import stats
 
 from dpppl import record_model
 from dpppl.plugin import Progress, get_accountant, get_mechanism
+from dpppl_na_dpvi.mechanism import MIN_REPLICATE_BATCH, REPLICATE_STEP_ELEMENTS
 
 N = 200
 REPLICATES = 16
@@ -80,3 +81,23 @@ def test_a_few_replicates_are_fitted_one_at_a_time_as_single_fits_are(setting):
     few = mechanism.fit_replicates(model, [data] * 2, plan, seeds=seeds, progress=Progress(False))
     single = [mechanism.fit(model, data, plan, seed=s, progress=Progress(False)) for s in seeds]
     np.testing.assert_array_equal(_sums(few), _sums(single))
+
+
+def test_a_model_with_large_steps_still_fits_its_replicates_as_one_program():
+    """Below MIN_REPLICATE_BATCH replicates run one at a time, which is slower than a batch whose
+    step outgrows the CPU's caches: memory alone caps that floor."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5000, 10))
+    with pm.Model() as model:
+        w = pm.Normal("w", 0, 1, shape=10)
+        sigma = pm.HalfNormal("sigma", 1)
+        pm.Normal("y", x @ w, sigma, observed=x.sum(axis=1) + rng.normal(size=5000))
+    compiled = record_model(model)
+    mechanism = get_mechanism("na-dpvi")()
+    mechanism.check_model(compiled)
+    plan = mechanism.plan(
+        n_records=5000, epsilon=1.0, delta=1e-5, accountant=get_accountant("rdp")()
+    )
+    per_step = plan.details["batch_capacity"] * mechanism.options.mc_draws * 2 * compiled.n_params
+    assert per_step * MIN_REPLICATE_BATCH > REPLICATE_STEP_ELEMENTS
+    assert mechanism.replicate_batch_size(compiled, plan) == MIN_REPLICATE_BATCH
