@@ -7,8 +7,8 @@ sum: by default the snapped release (:func:`dpppl.plugin.snapped_gaussian_releas
 to a power-of-two grid g, exact discrete-Gaussian noise of std σ(C + g√d), every output exactly
 k·g), or N(0, σ²C²) float64 noise.  It divides the noisy sum by β and takes an SGD step with
 learning rate λ ⊙ β.  The whole loop runs under ``jax.lax.scan``, in chunks so that a progress
-bar can advance between them.  The noisy sums are the DP release; the noisy gradients and the parameter trace are computed from
-them and public settings.
+bar can advance between them.  The noisy sums are the DP release; the noisy gradients and the
+parameter trace are computed from them and public settings.
 """
 
 from __future__ import annotations
