@@ -26,12 +26,14 @@ merged into ``<out>/results.json``; ``--report`` prints the table from what is s
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime as dt
 import json
 import platform
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import arviz as az
@@ -97,8 +99,18 @@ def simulated_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, dict[str,
     return X, y, {"w": w, "b": np.array(b), "sigma2": np.array(sigma2)}
 
 
-def na_dpvi_options(method: str, smoke: bool) -> dict:
+def parse_option(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` from the command line: the value as a Python literal, else as a string."""
+    key, _, value = text.partition("=")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def na_dpvi_options(method: str, smoke: bool, extra: Sequence[str] = ()) -> dict:
     options = dict(SMOKE_OPTIONS) if smoke else {}
+    options.update(parse_option(text) for text in extra)
     if method == "naive":
         options["posterior"] = "naive"
     else:
@@ -139,7 +151,7 @@ def run_study(epsilon: float, method: str, args: argparse.Namespace):
         n_workers=args.workers,
         random_seed=args.seed,
         progressbar=not args.smoke,
-        **na_dpvi_options(method, args.smoke),
+        **na_dpvi_options(method, args.smoke, args.option),
     )
     return study, time.perf_counter() - start
 
@@ -160,6 +172,7 @@ def record(out: Path, epsilon: float, method: str, study, seconds: float, args) 
         "machine": f"{platform.machine()}, {platform.system()}",
         "command": "python " + " ".join(sys.argv),
         "fits_with_warnings": int(study.attrs.get("fits_with_warnings", 0)),
+        "options": dict(parse_option(text) for text in args.option),
     }
     path = out / "results.json"
     rows = json.loads(path.read_text()) if path.exists() else {}
@@ -197,6 +210,8 @@ def main() -> None:
                         help="results folder (default tutorials/linear_regression; a temporary "
                         "folder with --smoke)")
     parser.add_argument("--report", action="store_true", help="print the saved table and stop")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an NA-DPVI option for the studies, e.g. anchored=0.5 (repeatable)")
     args = parser.parse_args()
     if args.smoke:
         args.simulations = args.simulations or 4
