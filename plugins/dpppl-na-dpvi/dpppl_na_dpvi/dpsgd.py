@@ -168,6 +168,7 @@ def run_dpsgd(
     progress: Progress,
     grid: float | None = None,
     chunk: int = 250,
+    anchored_steps: int = 0,
 ) -> tuple[Trace, DPSGDSettings]:
     """Run ``steps`` DP-SGD steps from ``phi0``; return the released trace and the final settings.
 
@@ -182,11 +183,20 @@ def run_dpsgd(
     function of released iterates only, so it costs no privacy).  Compiled loops are cached on
     ``model`` by their static shapes, so a second fit of the same model and sizes does not
     recompile.
+
+    The last ``anchored_steps`` steps (the anchored phase) do not move: they start from the mean
+    of the fixed phase's iterates before them, the anchor, and release noisy gradients there
+    with learning rate 0.  Under the noise of DP-SGD a trace wanders around the optimum, and
+    where the gradient is not linear the mean of that wander is not the optimum (the gradient
+    of log σ² in a regression grows with the squared wander of the weights).  Gradients
+    released at one fixed point carry no such bias, so the post-processing model can read the
+    optimum off them and use the moving part of the trace for the curvature alone (see
+    :meth:`dpppl_na_dpvi.postprocess.TraceStatistics.from_trace`).
     """
     traces, settings = run_dpsgd_replicates(
         model, [data], np.asarray(phi0)[None], [schedule], [key],
         steps=steps, capacity=capacity, mc_draws=mc_draws, progress=progress, grid=grid,
-        chunk=chunk, vectorised=False,
+        chunk=chunk, vectorised=False, anchored_steps=anchored_steps,
     )
     return traces[0], settings[0]
 
@@ -217,6 +227,7 @@ def run_dpsgd_replicates(
     grid: float | None = None,
     chunk: int = 250,
     vectorised: bool = True,
+    anchored_steps: int = 0,
 ) -> tuple[list[Trace], list[DPSGDSettings]]:
     """:func:`run_dpsgd` on R independent replicates at once, as one vmapped program.
 
@@ -230,10 +241,14 @@ def run_dpsgd_replicates(
     burn_in_steps = schedules[0].burn_in_steps
     if any(s.burn_in_steps != burn_in_steps for s in schedules):
         raise ValueError("replicates of one DP-SGD run must share the burn-in length")
+    if not 0 <= anchored_steps < steps - burn_in_steps:
+        raise ValueError("the anchored phase must leave some steps after the burn-in free")
     burn_in = _chunks(burn_in_steps, chunk)
-    final = _chunks(steps - burn_in_steps, chunk)
+    free = _chunks(steps - burn_in_steps - anchored_steps, chunk)
+    anchored = _chunks(anchored_steps, chunk)
+    lengths = burn_in + free + anchored
     # (replicate, chunk): one key per chunk of each replicate, split as a single fit splits it.
-    chunk_keys = jnp.stack([jax.random.split(key, len(burn_in) + len(final)) for key in keys])
+    chunk_keys = jnp.stack([jax.random.split(key, len(lengths)) for key in keys])
     if vectorised:
         device_data = _stack(data)
     else:
@@ -247,7 +262,7 @@ def run_dpsgd_replicates(
     outputs: list[StepOutput] = []
     preconditioners = []
     with progress.task("DP-SGD", total=steps) as bar:
-        for i, length in enumerate(burn_in + final):
+        for i, length in enumerate(lengths):
             run = model.cached(
                 ("na-dpvi", "dpsgd", capacity, mc_draws, length, snapped, vectorised),
                 lambda length=length: _chunk_runner(
@@ -277,6 +292,13 @@ def run_dpsgd_replicates(
                 phi = jnp.asarray(
                     np.stack([s.restart(p) for s, p in zip(schedules, burn_in_phi, strict=True)])
                 )
+            if anchored and i == len(burn_in) + len(free) - 1:
+                free_phi = np.asarray(
+                    jnp.concatenate([o.phi for o in outputs[len(burn_in) :]], axis=1)
+                )
+                phi = jnp.asarray(free_phi.mean(axis=1))
+                settings = [s._replace(learning_rate=jnp.zeros_like(s.learning_rate)) for s in settings]
+                stacked = _stack_settings(settings) if vectorised else None
     phi_trace = np.asarray(jnp.concatenate([o.phi for o in outputs] + [phi[:, None]], axis=1))
     sums = np.asarray(jnp.concatenate([o.noisy_sum for o in outputs], axis=1))
     beta = np.concatenate(preconditioners, axis=1)

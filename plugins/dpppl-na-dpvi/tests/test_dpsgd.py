@@ -11,8 +11,9 @@ import pytest
 from scipy import stats
 
 from dpppl import record_model
-from dpppl.plugin import GeometricTable
-from dpppl_na_dpvi.dpsgd import DPSGDSettings, make_step
+from dpppl.plugin import GeometricTable, Progress
+from dpppl_na_dpvi.dpsgd import DPSGDSettings, make_step, run_dpsgd
+from dpppl_na_dpvi.heuristics import StandardisedSchedule
 
 SIGNIFICANCE = 1e-6
 
@@ -121,3 +122,24 @@ def test_the_update_is_minus_learning_rate_times_the_noisy_gradient(model):
                         settings(model, sigma=1.0, bound=1.0, lr=0.01))
     np.testing.assert_allclose(out.phi, phi)
     np.testing.assert_allclose(new_phi, phi - 0.01 * out.noisy_grad)
+
+
+def test_the_anchored_phase_releases_gradients_at_the_mean_of_the_free_steps(model):
+    schedule = StandardisedSchedule(model, noise_multiplier=2.0, sampling_rate=0.5, steps=400,
+                                    burn_in_steps=100)
+    trace, _ = run_dpsgd(model, model.data(), schedule.initial_phi(), schedule, steps=400,
+                         capacity=50, mc_draws=4, key=jax.random.key(3), progress=Progress(False),
+                         chunk=50, anchored_steps=150)
+    free = trace.phi[100:250]
+    assert np.ptp(free, axis=0).min() > 0  # the free steps move
+    np.testing.assert_allclose(trace.phi[250:], np.broadcast_to(free.mean(axis=0), (151, 4)))
+    # ... and the anchored ones release a noisy gradient every step without moving.
+    assert np.all(trace.noisy_grad[250:].std(axis=0) > 0)
+
+
+def test_an_anchored_phase_must_leave_free_steps(model):
+    schedule = StandardisedSchedule(model, noise_multiplier=2.0, sampling_rate=0.5, steps=200,
+                                    burn_in_steps=100)
+    with pytest.raises(ValueError, match="free"):
+        run_dpsgd(model, model.data(), schedule.initial_phi(), schedule, steps=200, capacity=50,
+                  mc_draws=4, key=jax.random.key(3), progress=Progress(False), anchored_steps=100)

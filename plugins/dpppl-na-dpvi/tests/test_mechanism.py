@@ -111,9 +111,19 @@ def test_the_result_holds_the_trace_and_the_post_processing_posterior(model):
     assert p.shape == (2, 100) and ((p > 0) & (p < 1)).all()
 
 
+def test_the_anchored_steps_are_public_and_stay_at_the_mean_of_the_moving_steps(model):
+    result = sample(model, anchored=0.5)
+    attrs = json.loads(result.attrs["dp_mechanism_attrs"])
+    assert attrs["anchored_steps"] == 120  # half of the 240 steps after a burn-in of 60
+    phi = result["dpvi_trace"]["phi"].values
+    np.testing.assert_allclose(phi[180:], np.broadcast_to(phi[60:180].mean(axis=0), (121, 2)))
+
+
 def test_the_naive_posterior_is_the_last_iterate(model):
-    result = sample(model, posterior="naive")
+    result = sample(model, posterior="naive", anchored=0.5)
     assert "postprocessing_posterior" not in result.children
+    # The paper's baseline: every step moves, with no anchored phase.
+    assert json.loads(result.attrs["dp_mechanism_attrs"])["anchored_steps"] == 0
     last = result["dpvi_trace"]["phi"].values[-1]
     logit = np.log(result.posterior["p"].values / (1 - result.posterior["p"].values))
     assert abs(logit.mean() - last[0]) < 4 * np.sqrt(np.log1p(np.exp(last[1]))) / np.sqrt(200)
@@ -196,6 +206,8 @@ def test_a_second_fit_of_the_same_model_compiles_nothing(model):
         ({"posterior": "exact"}, "posterior must be one of 'noise-aware', 'naive'"),
         ({"inference": "vi"}, "inference must be one of 'nuts', 'laplace'"),
         ({"steps": 10, "burn_in": 0.5}, "at least 10 steps after the burn-in"),
+        ({"anchored": 1.0}, r"anchored must be in \[0, 1\)"),
+        ({"steps": 30, "anchored": 0.9}, "at least 10 free steps"),
     ],
 )
 def test_invalid_options_are_refused_before_anything_runs(options, message):

@@ -251,6 +251,26 @@ def test_a_full_curvature_locates_the_optimum_of_a_correlated_objective():
     assert diagonal_z.std(axis=0).max() > 1.2 * full_z.std(axis=0).max()
 
 
+@pytest.mark.parametrize("eta", [1.5, 3.0, 7.0])
+def test_the_lkj_prior_of_the_correlation_parameters_is_a_normalised_density(eta):
+    """η is a parameter of the post-processing model, so the LKJ density's normaliser must be
+    right: over the three partial correlations of a 3 × 3 matrix (Gauss–Legendre in z = tanh y)
+    the density of y integrates to 1."""
+    from dpppl_na_dpvi.postprocess import _lkj_cholesky_logp, lkj_log_normaliser
+
+    nodes, weights = np.polynomial.legendre.leggauss(60)
+    z = np.stack(np.meshgrid(nodes, nodes, nodes, indexing="ij"), -1).reshape(-1, 3)
+    w = np.prod(np.stack(np.meshgrid(weights, weights, weights, indexing="ij"), -1), -1).ravel()
+
+    def density(y):
+        chol, log_jac = correlation_cholesky(y, 3)
+        return jnp.exp(_lkj_cholesky_logp(chol, eta) + log_jac - lkj_log_normaliser(eta, 3))
+
+    values = jax.vmap(density)(jnp.arctanh(jnp.asarray(z)))
+    total = float(jnp.sum(values * w / np.prod(1 - z**2, axis=1)))
+    np.testing.assert_allclose(total, 1.0, rtol=1e-5)
+
+
 def test_the_correlation_factor_is_a_valid_cholesky_of_a_correlation_matrix():
     from dpppl_na_dpvi.postprocess import correlation_cholesky
 
@@ -263,7 +283,12 @@ def test_the_correlation_factor_is_a_valid_cholesky_of_a_correlation_matrix():
 @pytest.mark.parametrize("full", [True, False], ids=["full", "diagonal"])
 def test_the_stored_diagonal_and_correlations_rebuild_every_curvature_matrix(full):
     """Draws keep A by its diagonal and the correlations of its μ-block, not d × d numbers each."""
-    from dpppl_na_dpvi.postprocess import _to_draws, curvature, curvature_matrices, n_correlations
+    from dpppl_na_dpvi.postprocess import (
+        _to_draws,
+        curvature,
+        curvature_matrices,
+        n_shape_parameters,
+    )
 
     rng = np.random.default_rng(7)
     d = 6
@@ -271,7 +296,7 @@ def test_the_stored_diagonal_and_correlations_rebuild_every_curvature_matrix(ful
         rng.normal(size=(201, d)), rng.normal(size=(200, d)), burn_in=0, noise_std=np.ones(d),
         rate=KAPPA, subsampling_scale=np.zeros(d),
     )
-    size = 2 * d + n_correlations(stats, full)
+    size = 2 * d + n_shape_parameters(stats, ModelStructure(full_curvature=full))
     positions = rng.normal(size=(2, 5, size))
     draws = _to_draws(jnp.asarray(positions), stats, ModelStructure(full_curvature=full), {})
     expected = np.stack([curvature(p, stats, full) for p in positions.reshape(-1, size)])
@@ -292,8 +317,9 @@ def correlated_stats(rng):
 
 @pytest.mark.parametrize("optimum_prior", ["unit-information", "standard-normal"])
 @pytest.mark.parametrize("subsampling", [False, True])
+@pytest.mark.parametrize("lkj_eta", [2.0, None], ids=["fixed-eta", "learned-eta"])
 def test_the_integrated_density_is_the_sampled_one_with_the_optimum_integrated_out(
-    subsampling, optimum_prior
+    subsampling, optimum_prior, lkj_eta
 ):
     """The density is Gaussian in δ, so Laplace's formula is exact:
     log ∫ p(δ, ψ) dδ = log p(δ̂, ψ) + (d/2) log 2π − ½ log |−H|, and the Gaussian prior's
@@ -301,9 +327,10 @@ def test_the_integrated_density_is_the_sampled_one_with_the_optimum_integrated_o
     integral has a closed form free of A, which this checks against the general one.)"""
     stats = correlated_stats(np.random.default_rng(7))
     sampled = ModelStructure(full_curvature=True, subsampling=subsampling,
-                             optimum_prior=optimum_prior)
+                             optimum_prior=optimum_prior, lkj_eta=lkj_eta)
     integrated = ModelStructure(full_curvature=True, subsampling=subsampling,
-                                integrated_optimum=True, optimum_prior=optimum_prior)
+                                integrated_optimum=True, optimum_prior=optimum_prior,
+                                lkj_eta=lkj_eta)
     rng = np.random.default_rng(8)
     base = initial_position(stats, integrated)
     for _ in range(3):
@@ -329,3 +356,92 @@ def test_the_optimum_is_drawn_exactly_from_its_conditional():
     sd = np.sqrt(np.diag(covariance))
     assert np.all(np.abs(draws.mean(axis=0) - mean) < 4 * sd / np.sqrt(len(draws)))
     np.testing.assert_allclose(np.cov(draws.T), covariance, rtol=0.05, atol=0.05 * sd.max() ** 2)
+
+
+A_TWO = np.array([1 / VARIANCE, 1 / VARIANCE, 0.5, 0.5])
+NOISE_TWO = np.array([300.0, 300.0, 0.4, 0.4])
+#: How far a squared wander of the first coordinate moves the second one's gradient: with the
+#: wander's variance (≈ 0.045 here) it shifts the trace mean of the second coordinate by about
+#: five posterior standard deviations, as the weights' wander moves log σ² in a regression.
+BEND = 5.0
+
+
+def bent_gradient(rng, phi, phi_star):
+    """κA(φ − φ*) plus the bend: the second coordinate's gradient falls with the first's squared
+    distance from its optimum, so the trace's mean of it is not its optimum."""
+    x = phi - phi_star
+    mean = KAPPA * A_TWO * x
+    mean[1] -= KAPPA * A_TWO[1] * BEND * x[0] ** 2
+    return mean + NOISE_TWO * rng.normal(size=4)
+
+
+def simulate_bent_trace(rng, phi_star, *, free=5000, anchored=0, burn_in=1000):
+    lr = 0.01 / (KAPPA * A_TWO)
+    phi = np.zeros((burn_in + free + anchored + 1, 4))
+    grads = np.zeros((burn_in + free + anchored, 4))
+    phi[0] = phi_star
+    for t in range(len(grads)):
+        if anchored and t == burn_in + free:
+            phi[t] = phi[burn_in:t].mean(axis=0)
+        grads[t] = bent_gradient(rng, phi[t], phi_star)
+        moving = t < burn_in + free or not anchored
+        phi[t + 1] = phi[t] - lr * grads[t] if moving else phi[t]
+    return phi, grads
+
+
+def test_an_anchored_trace_gives_the_density_of_the_full_trace_with_its_free_offset_integrated_out():
+    rng = np.random.default_rng(10)
+    phi_star = np.array([0.1, -0.2, *[float(softplus_inverse(VARIANCE))] * 2])
+    phi, grads = simulate_bent_trace(rng, phi_star, free=300, anchored=200, burn_in=100)
+    stats = TraceStatistics.from_trace(phi, grads, burn_in=100, noise_std=NOISE_TWO, rate=KAPPA,
+                                       subsampling_scale=np.zeros(4), anchored=200)
+    structure = ModelStructure(optimum_prior="standard-normal")
+    anchor = phi[400]
+    np.testing.assert_allclose(stats.phi_bar, anchor)
+
+    def direct(params):
+        delta, v = params[:4], params[4:]
+        residual = grads - KAPPA * np.exp(v) * (phi[:-1] - anchor - delta)
+        free, fixed = residual[100:400], residual[400:]
+        # A flat prior on the free steps' offset b integrates to their centred residuals (times
+        # a constant, since the noise variance is fixed here).
+        squares = ((free - free.mean(axis=0)) ** 2).sum(axis=0) + (fixed**2).sum(axis=0)
+        return (
+            -0.5 * np.sum(squares / NOISE_TWO**2)
+            + scipy.stats.norm.logpdf(delta).sum()
+            + scipy.stats.norm.logpdf(v, stats.prior_v_mean, stats.prior_v_std).sum()
+        )
+
+    v = np.asarray(stats.prior_v_mean)
+    a = np.concatenate([[0.01, -0.02, 0.03, -0.01], v + 0.1])
+    b = np.concatenate([[-0.03, 0.05, -0.02, 0.02], v - 0.2])
+    np.testing.assert_allclose(
+        log_density(jnp.asarray(a), stats, structure) - log_density(jnp.asarray(b), stats, structure),
+        direct(a) - direct(b),
+        rtol=1e-8,
+    )
+
+
+def test_an_anchored_phase_locates_the_optimum_where_the_gradient_bends():
+    """The trace mean of a coordinate whose gradient is not linear is off its optimum: read as the
+    optimum, it misplaces it by several posterior standard deviations.  Gradients released at
+    the anchor locate it (20 simulated traces of each design, the same total number of steps)."""
+    rng = np.random.default_rng(11)
+    u = float(softplus_inverse(VARIANCE))
+    truths = [np.array([*(0.1 * rng.normal(size=2)), u, u]) for _ in range(20)]
+    z = {}
+    for anchored in (0, 2500):
+        stats = []
+        for phi_star in truths:
+            phi, grads = simulate_bent_trace(rng, phi_star, free=5000 - anchored, anchored=anchored)
+            stats.append(TraceStatistics.from_trace(
+                phi, grads, burn_in=1000, noise_std=NOISE_TWO, rate=KAPPA,
+                subsampling_scale=np.zeros(4), anchored=anchored,
+            ))
+        draws = sample_nuts(stats, [jax.random.key(k) for k in range(20)], tune=300, draws=500,
+                            chains=1, structure=ModelStructure(integrated_optimum=True),
+                            cache=cache(), replicates=True)
+        samples = [one.phi_star.reshape(-1, 4)[:, 1] for one in draws]
+        z[anchored] = np.array([(s.mean() - t[1]) / s.std() for s, t in zip(samples, truths)])
+    assert z[0].mean() > 2
+    assert abs(z[2500].mean()) < 0.6 and 0.5 < z[2500].std() < 1.6
