@@ -33,7 +33,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import arviz as az
@@ -108,9 +108,8 @@ def parse_option(text: str) -> tuple[str, object]:
         return key, value
 
 
-def na_dpvi_options(method: str, smoke: bool, extra: Sequence[str] = ()) -> dict:
-    options = dict(SMOKE_OPTIONS) if smoke else {}
-    options.update(parse_option(text) for text in extra)
+def na_dpvi_options(method: str, smoke: bool, extra: Mapping[str, object] | None = None) -> dict:
+    options = {**(SMOKE_OPTIONS if smoke else {}), **(extra or {})}
     if method == "naive":
         options["posterior"] = "naive"
     else:
@@ -151,7 +150,7 @@ def run_study(epsilon: float, method: str, args: argparse.Namespace):
         n_workers=args.workers,
         random_seed=args.seed,
         progressbar=not args.smoke,
-        **na_dpvi_options(method, args.smoke, args.option),
+        **na_dpvi_options(method, args.smoke, args.options),
     )
     return study, time.perf_counter() - start
 
@@ -172,7 +171,7 @@ def record(out: Path, epsilon: float, method: str, study, seconds: float, args) 
         "machine": f"{platform.machine()}, {platform.system()}",
         "command": "python " + " ".join(sys.argv),
         "fits_with_warnings": int(study.attrs.get("fits_with_warnings", 0)),
-        "options": dict(parse_option(text) for text in args.option),
+        "options": args.options,
     }
     path = out / "results.json"
     rows = json.loads(path.read_text()) if path.exists() else {}
@@ -213,6 +212,7 @@ def main() -> None:
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="an NA-DPVI option for the studies, e.g. anchored=0.5 (repeatable)")
     args = parser.parse_args()
+    args.options = dict(parse_option(text) for text in args.option)
     if args.smoke:
         args.simulations = args.simulations or 4
         args.records = args.records or 500

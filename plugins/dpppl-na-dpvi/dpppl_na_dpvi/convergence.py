@@ -56,8 +56,8 @@ def drift_warning(scores: np.ndarray, labels: list[str]) -> str | None:
         return None
     return (
         f"the DP-SGD trace has not settled: {labels[worst]} drifts by {scores[worst]:+.1f} "
-        "standard errors between the first and last third of its moving steps after the burn-in, so "
-        "the noise-aware posterior, which assumes a trace around its optimum, may be "
+        "standard errors between the first and last third of its moving steps after the "
+        "burn-in, so the noise-aware posterior, which assumes a trace around its optimum, may be "
         "over-confident and off-centre; try more steps or a longer burn-in (option burn_in), "
         "or a larger epsilon"
     )

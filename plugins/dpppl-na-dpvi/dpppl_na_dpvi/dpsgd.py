@@ -297,7 +297,9 @@ def run_dpsgd_replicates(
                     jnp.concatenate([o.phi for o in outputs[len(burn_in) :]], axis=1)
                 )
                 phi = jnp.asarray(free_phi.mean(axis=1))
-                settings = [s._replace(learning_rate=jnp.zeros_like(s.learning_rate)) for s in settings]
+                settings = [
+                    s._replace(learning_rate=jnp.zeros_like(s.learning_rate)) for s in settings
+                ]
                 stacked = _stack_settings(settings) if vectorised else None
     phi_trace = np.asarray(jnp.concatenate([o.phi for o in outputs] + [phi[:, None]], axis=1))
     sums = np.asarray(jnp.concatenate([o.noisy_sum for o in outputs], axis=1))

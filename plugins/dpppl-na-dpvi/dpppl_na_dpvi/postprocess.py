@@ -71,12 +71,12 @@ def lkj_concentration_centre(n: int) -> float:
 
     Under LKJ(η) each correlation has variance 1/(2η − 1 + n), so the spectral spread of R − I,
     about 2√(n/(2η − 1 + n)), grows with n at a fixed η: at this centre it stays that of LKJ(2)
-    at n = 2.  NA-DPVI's ``lkj_eta=None`` learns η around it (:data:`LKJ_CONCENTRATION_WIDTH`),
-    because no fixed value served every model.  The trace says little about each correlation of R, so η decides how close to
-    singular R may come, and along a nearly singular direction the optimum is held only by its
-    prior.  On a 10-D regression with independent covariates (TARP at ε = 1, K = 100, with the
-    anchored phase) η = 2 gave a posterior several times too wide (joint RMSE 0.116) and
-    η = 9.5 (this centre) a calibrated one (0.031); on a regression with varying intercepts,
+    at n = 2. NA-DPVI's ``lkj_eta=None`` learns η around it (:data:`LKJ_CONCENTRATION_WIDTH`),
+    because no fixed value served every model. The trace says little about each correlation of R, so
+    η decides how close to singular R may come, and along a nearly singular direction the optimum is
+    held only by its prior. On a 10-D regression with independent covariates (TARP at ε = 1,
+    K = 100, with the anchored phase) η = 2 gave a posterior several times too wide (joint RMSE 0.116)
+    and η = 9.5 (this centre) a calibrated one (0.031); on a regression with varying intercepts,
     whose curvature is strongly correlated, η = 7.25 (this centre) was over-confident (K = 40:
     0.10–0.19) and η = 2 calibrated (0.05–0.07).
     """
@@ -245,10 +245,11 @@ def n_shape_parameters(stats: TraceStatistics, structure: ModelStructure) -> int
     return n_corr + 1 if n_corr and structure.lkj_eta is None else n_corr
 
 
-def unpack(params: jax.Array, d: int, n_corr: int, n_shape: int) -> tuple[jax.Array, ...]:
-    """(δ, v, y, ρ, ς) from the flat parameter vector of the post-processing model (y empty for
-    a diagonal A, ρ unless η is learned; ``n_shape`` from :func:`n_shape_parameters`)."""
-    end = 2 * d + n_shape
+def unpack(params: jax.Array, d: int, n_corr: int, n_rho: int = 0) -> tuple[jax.Array, ...]:
+    """(δ, v, y, ρ, ς) from the flat parameter vector of the post-processing model: y holds the
+    ``n_corr`` correlations (none for a diagonal A), ρ the ``n_rho`` (0 or 1) log-concentration
+    of a learned η.  Only the slices after y depend on ``n_rho``."""
+    end = 2 * d + n_corr + n_rho
     return (
         params[:d],
         params[d : 2 * d],
@@ -292,8 +293,7 @@ def curvature_blocks(
     ``full``) and the diagonal of the u-block (n,)."""
     d = stats.phi_bar.shape[0]
     n = d // 2
-    n_corr = n_correlations(stats, full)
-    _, v, y, _, _ = unpack(params, d, n_corr, n_corr)
+    _, v, y, _, _ = unpack(params, d, n_correlations(stats, full))
     scale = jnp.exp(0.5 * v)
     if not full:
         return jnp.diag(scale[:n] ** 2), scale[n:] ** 2
@@ -349,7 +349,8 @@ def _noise_and_prior(
     d = stats.phi_bar.shape[0]
     n = d // 2
     n_corr = n_correlations(stats, structure.full_curvature)
-    _, v, y, rho, sub = unpack(params, d, n_corr, n_shape_parameters(stats, structure))
+    n_rho = n_shape_parameters(stats, structure) - n_corr
+    _, v, y, rho, sub = unpack(params, d, n_corr, n_rho)
     variance = stats.noise_std**2
     log_prior = -0.5 * jnp.sum(((v - stats.prior_v_mean) / stats.prior_v_std) ** 2)
     if n_corr:
@@ -467,12 +468,13 @@ def _with_optimum(
 
 def initial_position(stats: TraceStatistics, structure: ModelStructure) -> jax.Array:
     d = stats.phi_bar.shape[0]
+    n_corr = n_correlations(stats, structure.full_curvature)
+    n_rho = n_shape_parameters(stats, structure) - n_corr
     parts = [
         jnp.zeros(0 if structure.integrated_optimum else d),
         stats.prior_v_mean,
-        jnp.zeros(n_correlations(stats, structure.full_curvature)),
-        jnp.log(jnp.full(n_shape_parameters(stats, structure) - n_correlations(
-            stats, structure.full_curvature), lkj_concentration_centre(d // 2) - 1)),
+        jnp.zeros(n_corr),
+        jnp.full(n_rho, np.log(lkj_concentration_centre(d // 2) - 1)),  # η at the centre
     ]
     if structure.subsampling:
         parts.append(jnp.full(d, 0.1) * stats.subsampling_scale)
@@ -568,7 +570,7 @@ def _to_draws(
     rows, cols = np.tril_indices(d // 2, -1)
 
     def correlations(params: jax.Array) -> jax.Array:
-        chol, _ = correlation_cholesky(unpack(params, d, n_corr, n_corr)[2], d // 2)
+        chol, _ = correlation_cholesky(unpack(params, d, n_corr)[2], d // 2)
         return (chol @ chol.T)[rows, cols]
 
     positions = np.asarray(positions)
