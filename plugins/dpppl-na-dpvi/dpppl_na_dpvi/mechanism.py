@@ -61,6 +61,23 @@ REPLICATE_STEP_ELEMENTS = 2**20
 MIN_REPLICATE_BATCH = 16
 #: Most replicates in one vmapped program: beyond this, batches gain little and compile slowly.
 MAX_REPLICATE_BATCH = 128
+#: Share of an accelerator's memory pool that a vmapped batch of replicate fits may take.
+ACCELERATOR_MEMORY_SHARE = 4
+
+
+def replicate_limits(device: jax.Device) -> tuple[int, int | None]:
+    """Memory a vmapped batch of replicates may take on ``device``, and the per-step gradient
+    entries of the batch past which a larger batch gets slower (None: no such limit).
+
+    On a CPU a step that outgrows the caches slows every replicate down.  A GPU is the other way
+    round: the post-processing sampler's loops run one short kernel sequence per gradient, about
+    50 µs on an H100 whether it holds 2 chains or 256 (2026-11-26), so a batch gets faster per
+    replicate up to ``MAX_REPLICATE_BATCH``, within a share of the device's memory.
+    """
+    if device.platform == "cpu":
+        return REPLICATE_MEMORY, REPLICATE_STEP_ELEMENTS
+    pool = (device.memory_stats() or {}).get("bytes_limit")
+    return (pool // ACCELERATOR_MEMORY_SHARE if pool else REPLICATE_MEMORY), None
 
 
 class NADPVI(Mechanism):
@@ -360,10 +377,11 @@ class NADPVI(Mechanism):
         return release
 
     def replicate_batch_size(self, model: RecordModel, plan: PrivacyPlan) -> int:
-        """Replicates per vmapped program: as many as fit in ``REPLICATE_MEMORY`` (the trace, the
-        post-processing draws and a DP-SGD step's per-record gradients of each) and keep one
-        step's per-record gradients of the whole batch within ``REPLICATE_STEP_ELEMENTS``, but at
-        least ``MIN_REPLICATE_BATCH`` where memory allows, rounded down to a power of two."""
+        """Replicates per vmapped program on JAX's default device: as many as fit in its memory
+        limit (the trace, the post-processing draws and a DP-SGD step's per-record gradients of
+        each) and, on a CPU, keep one step's per-record gradients of the whole batch within
+        ``REPLICATE_STEP_ELEMENTS``, but at least ``MIN_REPLICATE_BATCH`` where memory allows,
+        rounded down to a power of two (see :func:`replicate_limits`)."""
         o = self.options
         d = 2 * model.n_params
         post = 2 * d + d * d // 8 + 8  # φ*, v, μ-correlations (at most (d/2)²/2), statistics
@@ -373,12 +391,14 @@ class NADPVI(Mechanism):
             + 4 * plan.details["batch_capacity"] * o.mc_draws * d
         )
         per_step = plan.details["batch_capacity"] * o.mc_draws * d
-        fits_memory = REPLICATE_MEMORY // per_replicate
+        memory, step_elements = replicate_limits(jax.devices()[0])
+        fits_memory = memory // per_replicate
+        fits_step = fits_memory if step_elements is None else step_elements // per_step
         # Below MIN_REPLICATE_BATCH the replicates run one at a time, slower than a batch whose
         # step outgrows the caches (10-D regression, d = 24: 215 µs per step one at a time,
         # 146 per replicate-step at 16, 2026-11-26), so memory alone caps that floor.
         batch = max(
-            min(fits_memory, REPLICATE_STEP_ELEMENTS // per_step),
+            min(fits_memory, fits_step),
             min(fits_memory, MIN_REPLICATE_BATCH),
         )
         # A power of two: batches padded to one reuse the same compiled programs.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pymc as pm
 import pytest
@@ -9,7 +10,13 @@ from scipy import stats
 
 from dpppl import record_model
 from dpppl.plugin import Progress, get_accountant, get_mechanism
-from dpppl_na_dpvi.mechanism import MIN_REPLICATE_BATCH, REPLICATE_STEP_ELEMENTS
+from dpppl_na_dpvi.mechanism import (
+    ACCELERATOR_MEMORY_SHARE,
+    MIN_REPLICATE_BATCH,
+    REPLICATE_MEMORY,
+    REPLICATE_STEP_ELEMENTS,
+    replicate_limits,
+)
 
 N = 200
 REPLICATES = 16
@@ -101,3 +108,29 @@ def test_a_model_with_large_steps_still_fits_its_replicates_as_one_program():
     per_step = plan.details["batch_capacity"] * mechanism.options.mc_draws * 2 * compiled.n_params
     assert per_step * MIN_REPLICATE_BATCH > REPLICATE_STEP_ELEMENTS
     assert mechanism.replicate_batch_size(compiled, plan) == MIN_REPLICATE_BATCH
+
+
+def test_on_a_cpu_a_batch_is_limited_by_memory_and_by_the_caches():
+    assert replicate_limits(jax.devices("cpu")[0]) == (REPLICATE_MEMORY, REPLICATE_STEP_ELEMENTS)
+
+
+class _Accelerator:
+    """Stands in for a GPU, which this machine and CI do not have: it answers the two questions
+    ``replicate_limits`` asks of a ``jax.Device`` as an 80 GB card's device does."""
+
+    platform = "gpu"
+
+    def __init__(self, stats):
+        self.stats = stats
+
+    def memory_stats(self):
+        return self.stats
+
+
+def test_on_an_accelerator_a_batch_takes_a_share_of_its_memory_and_has_no_cache_limit():
+    pool = 60 * 2**30
+    assert replicate_limits(_Accelerator({"bytes_limit": pool})) == (
+        pool // ACCELERATOR_MEMORY_SHARE,
+        None,
+    )
+    assert replicate_limits(_Accelerator(None)) == (REPLICATE_MEMORY, None)
