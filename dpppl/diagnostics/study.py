@@ -156,9 +156,12 @@ def tarp(
         ``spawn``: a script must guard its entry point with ``if __name__ == "__main__":``.
     batch_size
         Replicates fitted at once, as one vectorised program where the mechanism has one
-        (:meth:`~dpppl.Mechanism.fit_replicates`); None lets the mechanism size its batches to
-        memory, 1 fits them one at a time.  Batches are the same on every executor, so the
-        study's numbers do not depend on where it runs.
+        (:meth:`~dpppl.Mechanism.fit_replicates`; it may fit a batch too small to gain from one
+        a replicate at a time); None lets the mechanism size its batches to JAX's default
+        device, 1 fits them one at a time.  Batches are the same on every executor, so the
+        study's numbers do not depend on where it runs.  A replicate's random stream depends on
+        its batch, so with None a study on a GPU, which gets larger batches, is statistically
+        the same as on a CPU but not identical: give ``batch_size`` to reproduce one exactly.
     random_seed
         Seed of the whole study (prior draws, data, fits, references).  The study computes on
         no private data, so its seed is stored in the attributes for reproducibility.

@@ -227,7 +227,8 @@ class Mechanism(ABC):
 
     def replicate_batch_size(self, model: RecordModel, plan: PrivacyPlan) -> int:
         """How many replicates :meth:`fit_replicates` should be given at once (1: no gain from
-        more).  A vectorised mechanism sizes its batches to memory here."""
+        more).  A vectorised mechanism sizes its batches to the memory of JAX's default device
+        here."""
         return 1
 
     def fit_replicates(

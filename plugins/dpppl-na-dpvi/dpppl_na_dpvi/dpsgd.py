@@ -149,6 +149,9 @@ class Schedule(Protocol):
     def restart(self, burn_in_phi: np.ndarray) -> np.ndarray:
         """Where the fixed phase starts, given every iterate of the burn-in."""
 
+    def anchor(self, free_phi: np.ndarray) -> np.ndarray:
+        """Where the anchored phase stays, given every iterate of the free steps before it."""
+
 
 def _chunks(total: int, size: int) -> list[int]:
     full, rest = divmod(total, size)
@@ -184,14 +187,14 @@ def run_dpsgd(
     ``model`` by their static shapes, so a second fit of the same model and sizes does not
     recompile.
 
-    The last ``anchored_steps`` steps (the anchored phase) do not move: they start from the mean
-    of the fixed phase's iterates before them, the anchor, and release noisy gradients there
-    with learning rate 0.  Under the noise of DP-SGD a trace wanders around the optimum, and
-    where the gradient is not linear the mean of that wander is not the optimum (the gradient
-    of log σ² in a regression grows with the squared wander of the weights).  Gradients
-    released at one fixed point carry no such bias, so the post-processing model can read the
-    optimum off them and use the moving part of the trace for the curvature alone (see
-    :meth:`dpppl_na_dpvi.postprocess.TraceStatistics.from_trace`).
+    The last ``anchored_steps`` steps (the anchored phase) do not move: they start from the point
+    the schedule's ``anchor`` picks from the fixed phase's iterates before them (their mean, say),
+    and release noisy gradients there with learning rate 0.  Under the noise of DP-SGD a trace
+    wanders around the optimum, and where the gradient is not linear the mean of that wander is not
+    the optimum (the gradient of log σ² in a regression grows with the squared wander of the
+    weights).  Gradients released at one fixed point carry no such bias, so the post-processing
+    model can read the optimum off them and use the moving part of the trace for the curvature alone
+    (see :meth:`dpppl_na_dpvi.postprocess.TraceStatistics.from_trace`).
     """
     traces, settings = run_dpsgd_replicates(
         model, [data], np.asarray(phi0)[None], [schedule], [key],
@@ -296,7 +299,9 @@ def run_dpsgd_replicates(
                 free_phi = np.asarray(
                     jnp.concatenate([o.phi for o in outputs[len(burn_in) :]], axis=1)
                 )
-                phi = jnp.asarray(free_phi.mean(axis=1))
+                phi = jnp.asarray(
+                    np.stack([s.anchor(p) for s, p in zip(schedules, free_phi, strict=True)])
+                )
                 settings = [
                     s._replace(learning_rate=jnp.zeros_like(s.learning_rate)) for s in settings
                 ]

@@ -17,12 +17,29 @@ average Fisher information of a record, so
 * then C = ``CLIP_SCALE`` · √d bounds the norm of a standardised d-vector (d = 2n) with few records
   clipped.
 
-Learning rate.  λ = λ_heur β with λ_heur = √2 λ_c / (σ C √(T d)) (eqs. A58 and H.2).  The ELBO's
-curvature in each u-coordinate is about 1/2 (exactly 1/2 in the log-variance for a Gaussian
-posterior), so the relaxation rate of u per step is r = λ_heur β_u κ / 2; λ_c is chosen to make r
+Learning rate.  λ = λ_heur β with λ_heur = √2 λ_c / (σ C √(T d)) (eqs. A58 and H.2).  The
+ELBO's curvature in each u-coordinate is about 1/2 (exactly 1/2 in the log-variance for a
+Gaussian posterior), so u relaxes by r = λ_heur β_u κ / 2 per step; λ_c is chosen to make r
 equal to ``BURN_IN_RATE`` while burning in (fast approach to the optimum) and ``FINAL_RATE``
-afterwards.  The μ-coordinates relax at about √Ī · r: all coordinates move at similar rates, which
-is what multiplying λ by β is for.
+afterwards.  In μ the curvature is 1/sd², so μ relaxes by λ_heur β_μ κ / sd² = r √Ī, with Ī one
+record's Fisher information: 6 r for the weights of the 10-D regression, whose trace then
+wanders about 47 variances of q around the optimum at ε = 1 (2026-11-26).
+
+Wander-bounded rates (``equal_rates``, experimental).  λ_μ = λ_heur β_μ² instead makes μ relax at
+λ_heur N κ = r, like u.  At rate r a μ-coordinate's stationary wander around the optimum is (rT/2)·D
+variances of q, where D = σ²C² / (N κ² T) is the variance the privacy noise adds to the trace's
+estimate of the optimum, in the same units.  Where the gradient is not linear the wander biases the
+trace: in a regression, the noise variance's gradient grows with the squared wander of the weights,
+which put the trace mean of log σ² 4 posterior sds above its optimum at ε = 1 and 10 at ε = 0.3.
+Curvatures change over about √N posterior sds, so the wander of n coordinates shifts the trace by
+about n·(rT/2)·D / N; the final rate keeps that within ``WANDER_SCALE`` posterior sds, √((1 + D)/N):
+r ≤ 2 ``WANDER_SCALE`` √(N (1 + D)) / (n T D), and ``FINAL_RATE`` where the noise is weaker.  The
+burn-in anneals down to it from ``BURN_IN_FACTOR`` times it (at most ``BURN_IN_RATE``): under strong
+noise a fast burn-in's wander ran away in the regression (log σ² 2.8 above its optimum at ε = 0.3)
+and took most of the trace to come back.  The price is information about the curvature A, which the
+post-processing reads off the trace's spread: on the 10-D regression (TARP, K = 100, η = 2) the
+joint RMSE went from 0.134 to 0.053 at ε = 0.3 but from 0.064 to 0.152 at ε = 1, where posteriors
+became too wide (0.044 with a learned η, ``lkj_eta=None``, and 0.063 at ε = 0.3).
 
 Burn-in.  β_μ and λ are recomputed from the released trace every chunk of steps during the
 burn-in T* and frozen after it, so the post-processing model sees one noise level σC/β.
@@ -38,14 +55,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpppl.plugin import GeometricTable, RecordModel, softplus_inverse
+from dpppl_na_dpvi.convergence import settled_start
 from dpppl_na_dpvi.dpsgd import DPSGDSettings
 
 #: C = CLIP_SCALE · √d for standardised per-record gradients of dimension d.
 CLIP_SCALE = 3.5
-#: Per-step relaxation rate of the u-coordinates during the burn-in.
+#: Largest per-step relaxation rate during the burn-in.
 BURN_IN_RATE = 0.02
-#: Per-step relaxation rate after the burn-in (the part of the trace the posterior is built on).
+#: Largest per-step relaxation rate after the burn-in (the part of the trace the posterior is
+#: built on).
 FINAL_RATE = 0.002
+#: The trace's wander may shift it by this many posterior standard deviations (see above).
+WANDER_SCALE = 1.0
+#: The burn-in starts at this multiple of the final rate (at most ``BURN_IN_RATE``).
+BURN_IN_FACTOR = 10.0
 #: Bounds on β_μ, against a collapsed or exploding variance early in the burn-in.
 BETA_RANGE = (1e-8, 1e8)
 
@@ -67,6 +90,10 @@ class StandardisedSchedule:
         σ, κ, T and T*.
     clipping_bound, u_preconditioning, learning_rate_scale
         User overrides of C, β_u and λ_c (None: by rule).
+    settle
+        Leave out of the anchor's mean the free steps that still drift (see :meth:`anchor`).
+    equal_rates
+        The wander-bounded rates above instead of the standardised ones.
     """
 
     model: RecordModel
@@ -77,6 +104,8 @@ class StandardisedSchedule:
     clipping_bound: float | None = None
     u_preconditioning: float | None = None
     learning_rate_scale: float | None = None
+    settle: bool = True
+    equal_rates: bool = False
     last: DPSGDSettings | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +119,23 @@ class StandardisedSchedule:
         """Variance of q at the start: 1/N, a posterior's variance at unit Fisher information."""
         return 1.0 / self.model.n_records
 
+    def privacy_noise_share(self) -> float:
+        """D = σ²C² / (N κ² T): the variance the privacy noise adds to the trace's estimate of
+        each coordinate of the optimum, in variances of q."""
+        return (self.noise_multiplier * self.clipping_bound) ** 2 / (
+            self.model.n_records * self.sampling_rate**2 * self.steps
+        )
+
+    def final_rate(self) -> float:
+        """The relaxation rate after the burn-in: ``FINAL_RATE``, or with ``equal_rates`` less
+        where the privacy noise would make the trace wander beyond the wander bound."""
+        if not self.equal_rates:
+            return FINAL_RATE
+        share = self.privacy_noise_share()
+        n_records, n = self.model.n_records, self.model.n_params
+        bound = 2 * WANDER_SCALE * math.sqrt(n_records * (1 + share)) / (n * self.steps * share)
+        return min(FINAL_RATE, bound)
+
     def initial_phi(self) -> np.ndarray:
         """φ_0: μ at PyMC's initial point of the model, variances :attr:`init_variance`."""
         n = self.model.n_params
@@ -97,11 +143,13 @@ class StandardisedSchedule:
         return np.concatenate([self.model.initial_point(), np.full(n, u0)])
 
     def learning_rate_constant(self, progress: float) -> float:
-        """λ_c: the user's, or the one that gives the u-coordinates their target rate, annealed
-        geometrically from the burn-in rate to the final one."""
+        """λ_c: the user's, or the one that gives every coordinate its target rate, annealed
+        geometrically from the burn-in's first rate to the final one."""
         if self.learning_rate_scale is not None:
             return self.learning_rate_scale
-        rate = BURN_IN_RATE * (FINAL_RATE / BURN_IN_RATE) ** progress
+        final = self.final_rate()
+        start = min(BURN_IN_RATE, BURN_IN_FACTOR * final)
+        rate = start * (final / start) ** progress
         d = 2 * self.model.n_params
         lr_heur = 2 * rate / (self.u_preconditioning * self.sampling_rate)
         return lr_heur * self.noise_multiplier * self.clipping_bound * math.sqrt(
@@ -112,6 +160,20 @@ class StandardisedSchedule:
         """The average of the last quarter of the burn-in: closer to the optimum than any single
         iterate, so the fixed phase starts inside the region where the gradient is linear."""
         return burn_in_phi[-max(1, len(burn_in_phi) // 4) :].mean(axis=0)
+
+    def anchor(self, free_phi: np.ndarray) -> np.ndarray:
+        """The mean of the free steps after any drift they still show (``settled_start``): the
+        point whose released gradients locate the optimum.  With ``settle`` off, the mean of
+        them all."""
+        start = settled_start(free_phi) if self.settle else 0
+        return free_phi[start:].mean(axis=0)
+
+    def _mu_factor(self, beta: np.ndarray) -> np.ndarray | float:
+        """λ_μ = λ_heur β_μ² with ``equal_rates`` (μ relaxes at r), λ_heur β_μ without."""
+        if not self.equal_rates:
+            return 1.0
+        n = self.model.n_params
+        return np.concatenate([beta[:n], np.ones(n)])
 
     def settings(self, recent_phi: np.ndarray, *, progress: float) -> DPSGDSettings:
         n = self.model.n_params
@@ -133,7 +195,7 @@ class StandardisedSchedule:
             clipping_bound=float(self.clipping_bound),
             noise_multiplier=float(self.noise_multiplier),
             preconditioner=jnp.asarray(beta),
-            learning_rate=jnp.asarray(lr_heur * beta),
+            learning_rate=jnp.asarray(lr_heur * beta * self._mu_factor(beta)),
             gaps=GeometricTable.for_rate(self.sampling_rate),
             n_records=int(self.model.n_records),
         )

@@ -111,10 +111,19 @@ def test_the_result_holds_the_trace_and_the_post_processing_posterior(model):
     assert p.shape == (2, 100) and ((p > 0) & (p < 1)).all()
 
 
-def test_the_anchored_steps_are_public_and_stay_at_the_mean_of_the_moving_steps(model):
+def test_the_anchored_steps_are_public_and_stay_at_the_mean_of_the_settled_moving_steps(model):
     result = sample(model, anchored=0.5)
     attrs = json.loads(result.attrs["dp_mechanism_attrs"])
     assert attrs["anchored_steps"] == 120  # half of the 240 steps after a burn-in of 60
+    start = attrs["settled_step"]
+    assert 60 <= start <= 120  # at most half of the 120 free steps are left out
+    phi = result["dpvi_trace"]["phi"].values
+    np.testing.assert_allclose(phi[180:], np.broadcast_to(phi[start:180].mean(axis=0), (121, 2)))
+
+
+def test_without_settling_every_step_after_the_burn_in_is_read(model):
+    result = sample(model, anchored=0.5, settle=False)
+    assert json.loads(result.attrs["dp_mechanism_attrs"])["settled_step"] == 60
     phi = result["dpvi_trace"]["phi"].values
     np.testing.assert_allclose(phi[180:], np.broadcast_to(phi[60:180].mean(axis=0), (121, 2)))
 
