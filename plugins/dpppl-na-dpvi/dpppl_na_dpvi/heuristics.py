@@ -161,12 +161,15 @@ class StandardisedSchedule:
         iterate, so the fixed phase starts inside the region where the gradient is linear."""
         return burn_in_phi[-max(1, len(burn_in_phi) // 4) :].mean(axis=0)
 
+    def settled_start(self, free_phi: np.ndarray) -> int:
+        """How many of the free steps to leave out as still drifting
+        (:func:`dpppl_na_dpvi.convergence.settled_start`); none with ``settle`` off."""
+        return settled_start(free_phi) if self.settle else 0
+
     def anchor(self, free_phi: np.ndarray) -> np.ndarray:
-        """The mean of the free steps after any drift they still show (``settled_start``): the
-        point whose released gradients locate the optimum.  With ``settle`` off, the mean of
-        them all."""
-        start = settled_start(free_phi) if self.settle else 0
-        return free_phi[start:].mean(axis=0)
+        """The mean of the free steps after any drift they still show: the point whose released
+        gradients locate the optimum."""
+        return free_phi[self.settled_start(free_phi) :].mean(axis=0)
 
     def _mu_factor(self, beta: np.ndarray) -> np.ndarray | float:
         """λ_μ = λ_heur β_μ² with ``equal_rates`` (μ relaxes at r), λ_heur β_μ without."""

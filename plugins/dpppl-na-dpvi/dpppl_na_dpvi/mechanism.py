@@ -34,7 +34,7 @@ from dpppl.plugin import (
     jax_key,
     poisson_subsampled_gaussian,
 )
-from dpppl_na_dpvi.convergence import drift_scores, drift_warning, settled_start
+from dpppl_na_dpvi.convergence import drift_scores, drift_warning
 from dpppl_na_dpvi.dpsgd import DPSGDSettings, Trace, noise_std, run_dpsgd_replicates
 from dpppl_na_dpvi.heuristics import StandardisedSchedule, default_clipping_bound
 from dpppl_na_dpvi.postprocess import (
@@ -504,7 +504,10 @@ class NADPVI(Mechanism):
             vectorised=replicates,
             anchored_steps=o.anchored_steps,
         )
-        starts = [self._settled_step(trace) for trace in traces]
+        starts = [
+            self._settled_step(trace, schedule)
+            for trace, schedule in zip(traces, schedules, strict=True)
+        ]
         if o.posterior == "naive":
             posts = [None] * len(traces)
         else:
@@ -518,14 +521,12 @@ class NADPVI(Mechanism):
             )
         ]
 
-    def _settled_step(self, trace: Trace) -> int:
+    def _settled_step(self, trace: Trace, schedule: StandardisedSchedule) -> int:
         """The first step the noise-aware posterior reads: the burn-in's end, or later where the
-        free steps still drift (the same choice the schedule's anchor made)."""
+        free steps still drift (the choice the schedule's anchor made)."""
         o = self.options
-        if not o.settle:
-            return o.burn_in_steps
         free = trace.phi[o.burn_in_steps : o.steps - o.anchored_steps]
-        return o.burn_in_steps + settled_start(free)
+        return o.burn_in_steps + schedule.settled_start(free)
 
     def _release(
         self,
@@ -537,8 +538,8 @@ class NADPVI(Mechanism):
         key: jax.Array,
     ) -> Release:
         o = self.options
-        # The anchored phase does not move (its first iterate is the anchor, the mean of the
-        # steps before it), so only the moving steps can drift.
+        # The anchored phase does not move (its first iterate is the anchor), so only the moving
+        # steps can drift.
         moving = trace.phi[: o.steps - o.anchored_steps] if o.anchored_steps else trace.phi
         scores = drift_scores(moving, settled_step)
         groups = {"dpvi_trace": _trace_dataset(model, trace, scores)}

@@ -238,11 +238,16 @@ def n_correlations(stats: TraceStatistics, full: bool) -> int:
     return n * (n - 1) // 2 if full else 0
 
 
+def _n_concentrations(stats: TraceStatistics, structure: ModelStructure) -> int:
+    """1 when η is learned for a full μ-block (its log-concentration ρ = log(η − 1)), else 0."""
+    full = n_correlations(stats, structure.full_curvature) > 0
+    return int(full and structure.lkj_eta is None)
+
+
 def n_shape_parameters(stats: TraceStatistics, structure: ModelStructure) -> int:
     """Parameters of the μ-block's correlation: its free correlations and, when there are any and
     η is learned, the log-concentration ρ = log(η − 1) of their LKJ prior."""
-    n_corr = n_correlations(stats, structure.full_curvature)
-    return n_corr + 1 if n_corr and structure.lkj_eta is None else n_corr
+    return n_correlations(stats, structure.full_curvature) + _n_concentrations(stats, structure)
 
 
 def unpack(params: jax.Array, d: int, n_corr: int, n_rho: int = 0) -> tuple[jax.Array, ...]:
@@ -349,7 +354,7 @@ def _noise_and_prior(
     d = stats.phi_bar.shape[0]
     n = d // 2
     n_corr = n_correlations(stats, structure.full_curvature)
-    n_rho = n_shape_parameters(stats, structure) - n_corr
+    n_rho = _n_concentrations(stats, structure)
     _, v, y, rho, sub = unpack(params, d, n_corr, n_rho)
     variance = stats.noise_std**2
     log_prior = -0.5 * jnp.sum(((v - stats.prior_v_mean) / stats.prior_v_std) ** 2)
@@ -469,7 +474,7 @@ def _with_optimum(
 def initial_position(stats: TraceStatistics, structure: ModelStructure) -> jax.Array:
     d = stats.phi_bar.shape[0]
     n_corr = n_correlations(stats, structure.full_curvature)
-    n_rho = n_shape_parameters(stats, structure) - n_corr
+    n_rho = _n_concentrations(stats, structure)
     parts = [
         jnp.zeros(0 if structure.integrated_optimum else d),
         stats.prior_v_mean,
