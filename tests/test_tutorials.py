@@ -14,6 +14,7 @@ loop and the post-processing, once per process and setting.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -86,7 +87,11 @@ def test_linear_regression(tmp_path):
     out = run_tutorial("linear_regression.py", "--smoke", "--out", tmp_path)
     assert "Part 1: one private fit at ε = 1" in out
     assert "w[x10]" in out and "sigma2" in out
-    assert "Joint TARP RMSE × 10³" in out
+    assert "Joint TARP RMSE × 10³" in out and "worst marginal" in out
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert set(saved["eps1/nuts/K4"]["marginal_rmse_x1000"]) == {
+        "sigma2_log__", *(f"w[x{j}]" for j in range(1, 11)), "b"
+    }
     for method in ("nuts", "laplace", "naive"):
         assert f"{method} ε = 1: joint RMSE" in out
         assert (tmp_path / f"eps1_{method}_K4.png").is_file()
