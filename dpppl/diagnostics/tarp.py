@@ -251,10 +251,20 @@ def _posterior_moments(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for block in _blocks(n_sims, n_draws * n_params):
         draws = samples[block]
         if not np.isfinite(draws).all():
-            raise InvalidDataError("samples hold non-finite values")
+            _refuse_non_finite(samples)
         mean[block] = draws.mean(axis=1)
         sd[block] = draws.std(axis=1)
     return mean, sd
+
+
+def _refuse_non_finite(samples: np.ndarray) -> None:
+    # Name the simulations: in a study each is one fit, whose own warnings say what went wrong.
+    bad = np.flatnonzero(~np.isfinite(samples).all(axis=(1, 2)))
+    shown = ", ".join(str(i) for i in bad[:10]) + (", ..." if bad.size > 10 else "")
+    raise InvalidDataError(
+        f"samples hold non-finite values: simulation(s) {shown} ({bad.size} of "
+        f"{samples.shape[0]}, counted from 0); check those fits' warnings"
+    )
 
 
 def reference_points(

@@ -227,7 +227,7 @@ def test_invalid_inputs_are_refused(small_conjugate):
         tarp_coverage(samples, truth[:, :2])
     bad = samples.copy()
     bad[3, 4, 1] = np.nan
-    with pytest.raises(InvalidDataError, match="non-finite"):
+    with pytest.raises(InvalidDataError, match=r"non-finite values: simulation\(s\) 3 \(1 of"):
         tarp_coverage(bad, truth)
     with pytest.raises(ValueError, match="alpha"):
         tarp_coverage(samples, truth, alpha=[0.5, 0.2])
