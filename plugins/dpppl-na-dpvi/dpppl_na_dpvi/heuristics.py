@@ -91,7 +91,8 @@ class StandardisedSchedule:
     clipping_bound, u_preconditioning, learning_rate_scale
         User overrides of C, β_u and λ_c (None: by rule).
     settle
-        Leave out of the anchor's mean the free steps that still drift (see :meth:`anchor`).
+        Leave out the free steps that still drift (:meth:`settled_start`): the anchor and the
+        noise-aware posterior read the rest.
     equal_rates
         The wander-bounded rates above instead of the standardised ones.
     """
