@@ -10,6 +10,7 @@ every model calibrated and serves to test the plumbing on models with covariates
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from dpppl.plugin.registry import register_plugin, unregister_plugin
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 NOT_DP = "none: test double, not a DP mechanism"
+#: The success rate of every data set ExactBetaBernoulli fitted in this process, in order.
+FITTED: list[float] = []
 
 
 class _TestDouble(Mechanism):
@@ -76,6 +79,23 @@ class ExactBetaBernoulli(_TestDouble):
         return Release(draws=theta[None, :, None])
 
 
+class NonFiniteAbove(ExactBetaBernoulli):
+    """ExactBetaBernoulli, but NaN draws for data whose success rate exceeds ``nan_above``; it
+    records every data set's success rate in ``FITTED``."""
+
+    name = "test-non-finite-above"
+
+    @dataclass(frozen=True)
+    class Options(ExactBetaBernoulli.Options):
+        nan_above: float = 0.8
+
+    def fit(self, model, data, plan, *, seed, progress):
+        FITTED.append(data["y"].mean())
+        if data["y"].mean() > self.options.nan_above:
+            return Release(draws=np.full((1, self.options.draws, 1), np.nan))
+        return super().fit(model, data, plan, seed=seed, progress=progress)
+
+
 class PriorDraws(_TestDouble):
     """Releases draws from the model's prior, whatever the data: calibrated for any model."""
 
@@ -95,6 +115,7 @@ class _Plugin:
     @dpppl.hookimpl
     def register_mechanisms(self, register):
         register(ExactBetaBernoulli)
+        register(NonFiniteAbove)
         register(PriorDraws)
 
 
@@ -193,6 +214,17 @@ def test_fit_warnings_are_reported_once_for_the_study(beta_bernoulli):
         "5 of 5 fits of the TARP study warned; the first said: UserWarning: test double's warning"
     ]
     assert study.attrs["fits_with_warnings"] == 5
+
+
+def test_a_fit_with_non_finite_draws_stops_the_study_there(beta_bernoulli):
+    FITTED.clear()
+    with pytest.raises(InvalidDataError, match=r"fit of simulation (\d+) .*non-finite") as error:
+        exact_study(beta_bernoulli, n_simulations=100, mechanism="test-non-finite-above")
+    failed = int(re.search(r"simulation (\d+)", str(error.value)).group(1))
+    # The simulations run in order in this process: the failed one was the last fitted and the
+    # first whose data crossed the line.
+    assert len(FITTED) == failed + 1 < 100
+    assert FITTED[-1] > 0.8 and max(FITTED[:-1], default=0) <= 0.8
 
 
 def test_too_many_posterior_draws_are_refused(beta_bernoulli):

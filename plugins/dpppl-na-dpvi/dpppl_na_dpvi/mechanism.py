@@ -142,9 +142,10 @@ class NADPVI(Mechanism):
         comparison: it ignores the privacy noise).
     inference
         ``"nuts"`` (blackjax NUTS with window adaptation) or ``"laplace"`` for the
-        post-processing model.  A Laplace fit that has not reached a mode warns, and publishes
-        how far it is (``laplace_newton_decrement``, ``laplace_min_curvature`` in the
-        ``postprocessing_posterior`` group's attributes).
+        post-processing model.  Where a Laplace fit has not reached a mode, that fit's
+        posterior is drawn with NUTS instead, with a warning; the group
+        ``postprocessing_posterior`` says which ran (attribute ``inference``) and how far the
+        Laplace fit was from a mode (``laplace_newton_decrement``, ``laplace_min_curvature``).
     tune, draws, chains
         NUTS warm-up and kept draws per chain (paper: 1000 and 4000); the posterior has
         chains × draws θ draws, one from q(θ; φ*) per draw of φ*.
@@ -553,7 +554,7 @@ class NADPVI(Mechanism):
             groups.update(_postprocessing_groups(model, post))
             unconverged = laplace_convergence(post.fit_stats) if post.fit_stats else None
             if unconverged:
-                messages.append(unconverged)
+                messages.append(f"{unconverged}; it was drawn with NUTS instead")
             diverging = int(post.sample_stats.get("diverging", np.zeros(1)).sum())
             if diverging:
                 messages.append(
@@ -612,7 +613,27 @@ class NADPVI(Mechanism):
                 posts = sample_nuts(stats, keys, tune=o.tune, **options)
             else:
                 posts = sample_laplace(stats, keys, **options)
+                posts = self._redraw_unconverged(posts, stats, keys, options)
             bar.advance(1)
+        return posts
+
+    def _redraw_unconverged(
+        self,
+        posts: list[PostProcessingDraws],
+        stats: list[TraceStatistics],
+        keys: list[jax.Array],
+        options: dict,
+    ) -> list[PostProcessingDraws]:
+        """NUTS draws for the fits whose Laplace fit did not reach a mode, keeping the Laplace
+        fit's statistics: a Gaussian at a point that is no mode is off-centre or of the wrong
+        width, or not finite at all where the density is not concave (one fit in 100 of the
+        10-D regression at ε = 0.3 drew 79 % non-finite values).  Post-processing costs no
+        privacy, so the release is kept and only its posterior is redrawn."""
+        options = {**options, "replicates": False}
+        for i, (post, one, key) in enumerate(zip(posts, stats, keys, strict=True)):
+            if laplace_convergence(post.fit_stats) is not None:
+                [redrawn] = sample_nuts([one], [key], tune=self.options.tune, **options)
+                posts[i] = dataclasses.replace(redrawn, fit_stats=post.fit_stats)
         return posts
 
     def _statistics(
@@ -697,6 +718,8 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
             "correlations of its mu-block (with the concentration of their LKJ prior, "
             "learned); dpppl_na_dpvi.postprocess.curvature_matrices(A_diagonal, "
             "A_mu_correlation) rebuilds the matrices",
+            # NUTS also where a Laplace fit was asked for and did not reach a mode.
+            "inference": "nuts" if post.sample_stats else "laplace",
             # Laplace: half the Newton decrement and the smallest curvature at the mode.
             **{f"laplace_{k}": v for k, v in post.fit_stats.items()},
         },

@@ -671,7 +671,7 @@ def laplace_convergence(fit_stats: dict[str, float]) -> str | None:
     return (
         "the Laplace approximation of the post-processing model has not converged to a mode: "
         + "; ".join(problems)
-        + "; its posterior may be off-centre or of the wrong width, so use inference='nuts'"
+        + "; a Gaussian there may be off-centre, of the wrong width or not finite"
     )
 
 

@@ -11,8 +11,10 @@ import pymc as pm
 import pytest
 
 import dpppl
+from dpppl.model.record_model import compiled_models
 from dpppl.plugin import get_accountant, get_mechanism, poisson_subsampled_gaussian
 from dpppl.testing import example_models
+from dpppl_na_dpvi import postprocess
 from dpppl_na_dpvi.heuristics import default_clipping_bound
 
 FAST = {"steps": 300, "tune": 100, "draws": 100, "chains": 2, "mc_draws": 2}
@@ -141,6 +143,7 @@ def test_the_naive_posterior_is_the_last_iterate(model):
 def test_laplace_inference_gives_a_posterior_without_sampler_statistics(model):
     result = sample(model, inference="laplace")
     assert "postprocessing_sample_stats" not in result.children
+    assert result["postprocessing_posterior"].attrs["inference"] == "laplace"
     assert np.isfinite(result.posterior["p"].values).all()
 
 
@@ -148,6 +151,22 @@ def test_laplace_inference_publishes_how_close_its_fit_came_to_a_mode(model):
     attrs = sample(model, inference="laplace")["postprocessing_posterior"].attrs
     assert 0 <= attrs["laplace_newton_decrement"] < 1e-6
     assert attrs["laplace_min_curvature"] > 0
+
+
+def test_a_laplace_fit_that_reaches_no_mode_is_redrawn_with_nuts(monkeypatch):
+    # No Newton step at all, so the fit stays at its starting point.  A freshly built model
+    # with the compiled structures cleared before and after, so no other test gets (or gives)
+    # this fit.
+    compiled_models().clear()
+    monkeypatch.setattr(postprocess, "LAPLACE_ITERATIONS", 0)
+    with pytest.warns(UserWarning, match="has not converged.*drawn with NUTS instead"):
+        result = sample(model_of_one_parameter(), inference="laplace")
+    compiled_models().clear()
+    group = result["postprocessing_posterior"]
+    assert group.attrs["inference"] == "nuts"
+    assert group.attrs["laplace_newton_decrement"] > postprocess.LAPLACE_TOLERANCE
+    assert "postprocessing_sample_stats" in result.children
+    assert np.isfinite(result.posterior["p"].values).all()
 
 
 def test_an_epsilon_whose_sampler_charge_exceeds_delta_is_refused_before_anything_is_spent():
