@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pymc as pm
@@ -269,6 +270,42 @@ class Simulator:
 def simulator(model: RecordModel) -> Simulator:
     """The :class:`Simulator` of ``model``, compiled on first use and cached on the model."""
     return model.cached(_CACHE_KEY, lambda: Simulator(model))
+
+
+#: Prior draws behind :func:`prior_summary`: its percentiles to a few % of the scale.
+PRIOR_SUMMARY_DRAWS = 2000
+
+
+class PriorSummary(NamedTuple):
+    """Where the model's prior puts each coordinate of the unconstrained θ (both (n,))."""
+
+    #: The prior's median.
+    centre: np.ndarray
+    #: Half the distance between its 16th and 84th percentiles: the standard deviation of a
+    #: normal prior, and finite for a heavy-tailed one.
+    scale: np.ndarray
+
+
+def prior_summary(model: RecordModel) -> PriorSummary | None:
+    """The centre and scale of the model's prior of each coordinate of the unconstrained θ,
+    from :data:`PRIOR_SUMMARY_DRAWS` prior draws.
+
+    The prior is part of the model, not of the data, so the summary is public.  The draws are
+    seeded by a constant: every model of a structure gets the same numbers.  None where the
+    model cannot be simulated from (a ``pm.Potential`` changes its prior).
+    """
+    return model.cached(_CACHE_KEY + ".prior_summary", lambda: _prior_summary(model))
+
+
+def _prior_summary(model: RecordModel) -> PriorSummary | None:
+    try:
+        sim = simulator(model)
+    except ModelNotSupportedError:
+        return None
+    seeds = np.random.SeedSequence(0).spawn(PRIOR_SUMMARY_DRAWS)
+    theta = np.stack([sim.prior(seed).theta for seed in seeds])
+    low, centre, high = np.percentile(theta, [15.865, 50, 84.135], axis=0)
+    return PriorSummary(centre=centre, scale=(high - low) / 2)
 
 
 def _records_in(covariates: Mapping[str, np.ndarray]) -> int:

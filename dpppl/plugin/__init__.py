@@ -41,6 +41,7 @@ __getattr__, __dir__, _lazy = lazy_exports(
     __name__,
     {
         "dpppl.model.record_model": ["RecordModel", "per_example_grad", "softplus_inverse"],
+        "dpppl.model.simulation": ["PriorSummary", "prior_summary"],
         "dpppl.plugin.accountant": ["Accountant"],
         "dpppl.plugin.hookspecs": ["hookimpl"],
         "dpppl.plugin.mechanism": ["APPROXIMATE_DP", "Mechanism", "PrivacyPlan", "Release"],

@@ -10,7 +10,7 @@ from scipy import stats
 
 import dpppl.model.simulation
 from dpppl import InvalidDataError, ModelNotSupportedError, record_model
-from dpppl.model.simulation import simulator
+from dpppl.model.simulation import prior_summary, simulator
 
 SIMULABLE = [
     "beta_bernoulli",
@@ -151,3 +151,40 @@ def test_observations_computed_from_data_cannot_be_simulated():
         pm.Normal("y", mu, 1, observed=2 * Y)
     with pytest.raises(ModelNotSupportedError, match="expression of data"):
         simulator(record_model(model))
+
+
+# -- the prior summarised per unconstrained coordinate ------------------------------------------
+
+
+def test_the_summary_is_the_centre_and_scale_of_each_unconstrained_coordinate():
+    with pm.Model() as model:
+        pm.Normal("w", 1.5, 2.0, shape=2)
+        pm.HalfNormal("s", 1.0)
+        pm.Normal("y", 0.0, 1.0, observed=np.zeros(50))
+    summary = prior_summary(record_model(model))
+    # w is unconstrained: its normal prior's median and sd.  s is log-transformed: log|Z| for
+    # Z ~ N(0, 1) has median log 0.674 and 16th/84th percentiles log 0.200 and log 1.410.
+    np.testing.assert_allclose(summary.centre, [1.5, 1.5, np.log(0.674)], atol=0.15)
+    expected_scale = (np.log(1.410) - np.log(0.2)) / 2
+    np.testing.assert_allclose(summary.scale, [2.0, 2.0, expected_scale], rtol=0.08)
+
+
+def test_the_summary_does_not_read_the_data():
+    def model_of(y):
+        with pm.Model() as model:
+            mu = pm.Normal("mu", 0.0, 1.0)
+            pm.Normal("y", mu, 1.0, observed=y)
+        return model
+
+    first = prior_summary(record_model(model_of(np.zeros(30))))
+    second = prior_summary(record_model(model_of(np.full(30, 100.0))))
+    np.testing.assert_array_equal(first.centre, second.centre)
+    np.testing.assert_array_equal(first.scale, second.scale)
+
+
+def test_a_model_that_cannot_be_simulated_has_no_summary():
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 1.0)
+        pm.Potential("pull", -(mu**2))
+        pm.Normal("y", mu, 1.0, observed=np.zeros(30))
+    assert prior_summary(record_model(model)) is None

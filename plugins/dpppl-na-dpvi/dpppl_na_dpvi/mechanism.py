@@ -33,6 +33,7 @@ from dpppl.plugin import (
     SnappedGaussian,
     jax_key,
     poisson_subsampled_gaussian,
+    prior_summary,
 )
 from dpppl_na_dpvi.convergence import drift_scores, drift_warning
 from dpppl_na_dpvi.dpsgd import DPSGDSettings, Trace, noise_std, run_dpsgd_replicates
@@ -171,6 +172,11 @@ class NADPVI(Mechanism):
         1/|det A| in A's posterior that pulls A towards singular (it cancels the LKJ(2) prior's
         det R): on a 4-parameter Poisson regression that made the posterior several times too
         wide (TARP K = 100: RMSE 0.064 against 0.038 with the unit-information prior).
+        ``"model-bounded"`` (experimental): the curvature's posterior is the
+        unit-information one, and the optimum given the curvature is also held by the model's
+        own prior of θ (its centre and scale from prior draws, public:
+        :func:`dpppl.plugin.prior_summary`), so a coordinate the privacy noise leaves almost
+        unlocated is never wider than the model's prior allows.
     curvature
         ``"full"``: a full curvature matrix for the μ-coordinates (needed when the posterior is
         correlated), with an LKJ prior on its correlation (option ``lkj_eta``); ``"diagonal"``:
@@ -239,7 +245,9 @@ class NADPVI(Mechanism):
         curvature_prior: Literal["structural", "trace"] = "structural"
         curvature: Literal["auto", "full", "diagonal"] = "auto"
         optimum: Literal["integrated", "sampled"] = "integrated"
-        optimum_prior: Literal["unit-information", "standard-normal"] = "unit-information"
+        optimum_prior: Literal["unit-information", "model-bounded", "standard-normal"] = (
+            "unit-information"
+        )
         covariance: Literal["mean-field", "linear-response"] = "mean-field"
         lkj_eta: Annotated[float, POSITIVE] | None = 2.0
         noise: Literal["snapped", "float"] = "snapped"
@@ -252,6 +260,11 @@ class NADPVI(Mechanism):
                 raise InvalidOptionError(
                     "na-dpvi needs at least 10 free steps between the burn-in and the anchored "
                     "phase; lower the option anchored or raise steps"
+                )
+            if self.optimum_prior == "model-bounded" and self.optimum != "integrated":
+                raise InvalidOptionError(
+                    "na-dpvi's optimum_prior='model-bounded' draws the optimum given the "
+                    "curvature; use optimum='integrated'"
                 )
             if self.covariance == "linear-response" and self.posterior == "naive":
                 raise InvalidOptionError(
@@ -659,6 +672,7 @@ class NADPVI(Mechanism):
             subsampling_scale=subsampling_scale,
             curvature_prior=o.curvature_prior,
             anchored=o.anchored_steps,
+            model_prior=prior_summary(model) if o.optimum_prior == "model-bounded" else None,
         )
 
 

@@ -61,6 +61,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+#: Optimum priors under which A's posterior is the unit-information one: ``"model-bounded"``
+#: adds the model's prior to the optimum's conditional only (see :class:`ModelStructure`).
+MARGINAL_UNIT_INFORMATION = ("unit-information", "model-bounded")
+
 #: Relative prior width of A around its structural value.
 STRUCTURAL_PRIOR_WIDTH = 0.5
 
@@ -130,6 +134,11 @@ class TraceStatistics(NamedTuple):
     prior_v_mean: jax.Array
     prior_v_std: jax.Array
     subsampling_scale: jax.Array  # prior scale of ς per coordinate (used when Σ_sub is modelled)
+    #: The model's own prior of the optimum, N(φ̄ + b, P_m⁻¹) with P_m diagonal: b (``model_offset``)
+    #: is the prior's centre minus φ̄ and P_m (``model_precision``) 1 / scale² of the prior of θ,
+    #: for μ; both 0 for u (used by the ``"model-bounded"`` optimum prior).
+    model_precision: jax.Array
+    model_offset: jax.Array
 
     @classmethod
     def from_trace(
@@ -143,6 +152,7 @@ class TraceStatistics(NamedTuple):
         subsampling_scale: np.ndarray,
         curvature_prior: str = "structural",
         anchored: int = 0,
+        model_prior: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> TraceStatistics:
         """Statistics of the pairs (φ_t, g̃_{t+1}) for t = ``burn_in`` … T − 1.
 
@@ -160,6 +170,10 @@ class TraceStatistics(NamedTuple):
         own optimum, read off the trace mean φ̄ = (μ̄, ū): A_μ = 1/softplus(ū) exactly (the
         optimality condition of the variance), A_u = sigmoid(ū)² / (2 softplus(ū)²) (exact for a
         Gaussian posterior), with a relative width of ``STRUCTURAL_PRIOR_WIDTH``.
+
+        ``model_prior`` is the centre and scale of the model's prior of each parameter ((n,)
+        each), public (see :func:`dpppl.plugin.prior_summary`); None leaves the optimum without
+        it.
         """
         end = len(noisy_grad) - anchored
         x = phi[burn_in:end]
@@ -193,6 +207,12 @@ class TraceStatistics(NamedTuple):
             raise ValueError(f"unknown curvature prior {curvature_prior!r}")
         v_mean = np.log(centre)
         v_std = width / centre
+        n = len(phi_bar) // 2
+        model_precision, model_offset = np.zeros(2 * n), np.zeros(2 * n)
+        if model_prior is not None:
+            centre, scale = (np.asarray(a, dtype=float) for a in model_prior)
+            model_precision[:n] = 1 / scale**2
+            model_offset[:n] = centre - phi_bar[:n]
         return cls(
             count=jnp.asarray(float(count)),
             noise_count=jnp.asarray(float(noise_count)),
@@ -206,6 +226,8 @@ class TraceStatistics(NamedTuple):
             prior_v_mean=jnp.asarray(v_mean),
             prior_v_std=jnp.asarray(v_std),
             subsampling_scale=jnp.asarray(subsampling_scale, dtype=float),
+            model_precision=jnp.asarray(model_precision),
+            model_offset=jnp.asarray(model_offset),
         )
 
 
@@ -218,8 +240,14 @@ class ModelStructure:
     from its conditional N(P⁻¹h, P⁻¹) after sampling (:func:`draw_optimum`); the sampler then
     sees only A's parameters, without the funnel between φ* and A.
 
-    ``optimum_prior``: ``"unit-information"`` (δ | A ~ N(0, T J⁻¹)) or ``"standard-normal"``
-    (δ ~ N(0, I), the paper's); see the module's notes.
+    ``optimum_prior``: ``"unit-information"`` (δ | A ~ N(0, T J⁻¹)), ``"model-bounded"`` or
+    ``"standard-normal"`` (δ ~ N(0, I), the paper's); see the module's notes.
+    ``"model-bounded"`` (integrated optimum only) draws A from its unit-information posterior
+    and δ | A from that prior times the model's own prior of the optimum,
+    N(b, P_m⁻¹) (:class:`TraceStatistics`): the optimum of q is about the posterior mean, which
+    cannot sit far outside the prior.  In A's posterior the model's prior would bring back the
+    Occam factor |P_m + J|^(−½) ∝ 1/|det A| where the trace says little, which the
+    unit-information prior was chosen to avoid.
     """
 
     full_curvature: bool = False
@@ -386,12 +414,17 @@ def _trace_information(ka: jax.Array, variance: jax.Array, stats: TraceStatistic
 def _optimum_prior_precision(
     ka: jax.Array, variance: jax.Array, stats: TraceStatistics, structure: ModelStructure
 ) -> jax.Array:
-    """Precision of δ's prior given A: I (``"standard-normal"``, the paper's N(φ̄, I)) or J / T
-    (``"unit-information"``, Zellner's g-prior with g = T: as much as one gradient says)."""
+    """Precision of δ's prior given A: I (``"standard-normal"``, the paper's N(φ̄, I)), J / T
+    (``"unit-information"``, Zellner's g-prior with g = T: as much as one gradient says), or
+    J / T plus the model prior's precision (``"model-bounded"``: never wider than the model's
+    own prior of θ)."""
     if structure.optimum_prior == "standard-normal":
         return jnp.eye(ka.shape[0])
     if structure.optimum_prior == "unit-information":
         return _trace_information(ka, variance, stats) / stats.count
+    if structure.optimum_prior == "model-bounded":
+        unit = _trace_information(ka, variance, stats) / stats.count
+        return unit + jnp.diag(stats.model_precision)
     raise ValueError(f"unknown optimum prior {structure.optimum_prior!r}")
 
 
@@ -399,13 +432,17 @@ def _optimum_precision(
     ka: jax.Array, variance: jax.Array, stats: TraceStatistics, structure: ModelStructure
 ) -> tuple[jax.Array, jax.Array]:
     """L and z = L⁻¹h for δ | A ~ N(P⁻¹h, P⁻¹): P = LLᵀ = P₀ + T (κA)ᵀV⁻¹(κA) combines δ's
-    prior precision P₀ with the trace, h = −(κA)ᵀV⁻¹ Σ g̃ (the centred trace has Σ x = 0)."""
+    prior precision P₀ with the trace, h = −(κA)ᵀV⁻¹ Σ g̃ (the centred trace has Σ x = 0),
+    plus P_m b for the model's prior N(b, P_m⁻¹) of δ where it is modelled."""
     weighted = ka.T / variance
     precision = _optimum_prior_precision(ka, variance, stats, structure) + (
         stats.count * weighted @ ka
     )
+    h = -weighted @ stats.sum_g
+    if structure.optimum_prior == "model-bounded":
+        h = h + stats.model_precision * stats.model_offset
     chol = jnp.linalg.cholesky(precision)
-    z = jax.scipy.linalg.solve_triangular(chol, -weighted @ stats.sum_g, lower=True)
+    z = jax.scipy.linalg.solve_triangular(chol, h, lower=True)
     return chol, z
 
 
@@ -421,12 +458,14 @@ def log_density(
     variance, log_prior = _noise_and_prior(params, stats, structure)
     residual_ss = _residual_ss(*blocks, delta, stats)
     log_lik = -0.5 * jnp.sum(residual_ss / variance + stats.noise_count * jnp.log(variance))
-    if structure.integrated_optimum and structure.optimum_prior == "unit-information":
+    if structure.integrated_optimum and structure.optimum_prior in MARGINAL_UNIT_INFORMATION:
         # P₀ = J/T makes P = (1 + 1/T) J, and with κA invertible (A is positive definite)
         # hᵀP⁻¹h = Σg̃ᵀV⁻¹Σg̃ / (T + 1): the integral below no longer depends on A, and the
         # sampler's gradient needs no Cholesky factor or triangular solve (3–5× faster).
         evidence = 0.5 * jnp.sum(stats.sum_g**2 / variance) / (stats.count + 1)
         return log_lik + evidence - 0.5 * d * jnp.log1p(stats.count) + log_prior
+    if structure.optimum_prior == "model-bounded":
+        raise ValueError("the model-bounded optimum prior needs the integrated optimum")
     ka = stats.rate * _block_matrix(*blocks)
     prior_precision = _optimum_prior_precision(ka, variance, stats, structure)
     # log √|P₀| of δ's prior N(0, P₀⁻¹); 0 for the standard normal.

@@ -236,6 +236,7 @@ def test_a_second_fit_of_the_same_model_compiles_nothing(model):
         ({"steps": 10, "burn_in": 0.5}, "at least 10 steps after the burn-in"),
         ({"anchored": 1.0}, r"anchored must be in \[0, 1\)"),
         ({"steps": 30, "anchored": 0.9}, "at least 10 free steps"),
+        ({"optimum_prior": "model-bounded", "optimum": "sampled"}, "use optimum='integrated'"),
     ],
 )
 def test_invalid_options_are_refused_before_anything_runs(options, message):

@@ -312,7 +312,10 @@ def correlated_stats(rng):
     phi_star = np.array([0.05, -0.02, *[float(softplus_inverse(VARIANCE))] * 2])
     phi, grads = simulate_correlated(rng, phi_star, a, noise_std, steps=3000)
     return TraceStatistics.from_trace(phi, grads, burn_in=500, noise_std=noise_std, rate=KAPPA,
-                                      subsampling_scale=np.full(4, 50.0), curvature_prior="trace")
+                                      subsampling_scale=np.full(4, 50.0), curvature_prior="trace",
+                                      # As narrow as the trace's information about δ, so the
+                                      # model-bounded prior differs from the unit-information one.
+                                      model_prior=(np.array([0.1, 0.0]), np.array([0.01, 0.03])))
 
 
 @pytest.mark.parametrize("optimum_prior", ["unit-information", "standard-normal"])
@@ -340,6 +343,33 @@ def test_the_integrated_density_is_the_sampled_one_with_the_optimum_integrated_o
         optimum = -jnp.linalg.solve(hessian, jax.grad(full)(jnp.zeros(4)))
         expected = full(optimum) - 0.5 * jnp.linalg.slogdet(-hessian)[1]
         np.testing.assert_allclose(log_density(psi, stats, integrated), expected, rtol=1e-9)
+
+
+def test_the_model_bounded_prior_holds_the_optimum_by_the_models_prior_and_leaves_a_alone():
+    """A's density is the unit-information one; δ | A is its unit-information conditional times
+    the model's prior N(b, P_m⁻¹) of the μ-coordinates (b = centre − φ̄)."""
+    stats = correlated_stats(np.random.default_rng(9))
+    unit = ModelStructure(full_curvature=True, integrated_optimum=True)
+    bounded = ModelStructure(full_curvature=True, integrated_optimum=True,
+                             optimum_prior="model-bounded")
+    psi = initial_position(stats, unit) + 0.05
+    assert log_density(psi, stats, bounded) == log_density(psi, stats, unit)
+    # The unit-information conditional N(m, C), from the sampled density's exact quadratic.
+    sampled = ModelStructure(full_curvature=True)
+    full = lambda delta: log_density(jnp.concatenate([delta, psi]), stats, sampled)
+    precision = -np.asarray(jax.hessian(full)(jnp.zeros(4)))
+    shift = np.asarray(jax.grad(full)(jnp.zeros(4)))
+    model_precision = np.diag(np.asarray(stats.model_precision))
+    covariance = np.linalg.inv(precision + model_precision)
+    mean = covariance @ (shift + model_precision @ np.asarray(stats.model_offset))
+    keys = jax.random.split(jax.random.key(0), 20_000)
+    draws = np.asarray(jax.vmap(lambda k: draw_optimum(psi, stats, bounded, k))(keys))
+    sd = np.sqrt(np.diag(covariance))
+    assert np.all(np.abs(draws.mean(axis=0) - mean) < 4 * sd / np.sqrt(len(draws)))
+    np.testing.assert_allclose(np.cov(draws.T), covariance, rtol=0.05, atol=0.05 * sd.max() ** 2)
+    # The model's prior matters here: its scale is about the trace's own sd of μ*.
+    unit_sd = np.sqrt(np.diag(np.linalg.inv(precision)))
+    assert np.all(sd[:2] < 0.9 * unit_sd[:2])
 
 
 def test_the_optimum_is_drawn_exactly_from_its_conditional():
@@ -445,3 +475,4 @@ def test_an_anchored_phase_locates_the_optimum_where_the_gradient_bends():
         z[anchored] = np.array([(s.mean() - t[1]) / s.std() for s, t in zip(samples, truths)])
     assert z[0].mean() > 2
     assert abs(z[2500].mean()) < 0.6 and 0.5 < z[2500].std() < 1.6
+
