@@ -167,6 +167,8 @@ def test_the_summary_is_the_centre_and_scale_of_each_unconstrained_coordinate():
     np.testing.assert_allclose(summary.centre, [1.5, 1.5, np.log(0.674)], atol=0.15)
     expected_scale = (np.log(1.410) - np.log(0.2)) / 2
     np.testing.assert_allclose(summary.scale, [2.0, 2.0, expected_scale], rtol=0.08)
+    # log|Z| has a long left tail: a normal with that centre and scale misdescribes it.
+    np.testing.assert_array_equal(summary.normal, [True, True, False])
 
 
 def test_the_summary_does_not_read_the_data():

@@ -171,9 +171,9 @@ class TraceStatistics(NamedTuple):
         optimality condition of the variance), A_u = sigmoid(ū)² / (2 softplus(ū)²) (exact for a
         Gaussian posterior), with a relative width of ``STRUCTURAL_PRIOR_WIDTH``.
 
-        ``model_prior`` is the centre and scale of the model's prior of each parameter ((n,)
-        each), public (see :func:`dpppl.plugin.prior_summary`); None leaves the optimum without
-        it.
+        ``model_prior`` is the centre, scale and normality of the model's prior of each
+        parameter ((n,) each), public (see :func:`dpppl.plugin.prior_summary`); None leaves the
+        optimum without it.
         """
         end = len(noisy_grad) - anchored
         x = phi[burn_in:end]
@@ -210,9 +210,13 @@ class TraceStatistics(NamedTuple):
         n = len(phi_bar) // 2
         model_precision, model_offset = np.zeros(2 * n), np.zeros(2 * n)
         if model_prior is not None:
-            centre, scale = (np.asarray(a, dtype=float) for a in model_prior)
-            model_precision[:n] = 1 / scale**2
-            model_offset[:n] = centre - phi_bar[:n]
+            # Only where a normal describes the prior, tails included: a normal summary of a
+            # long-tailed prior would pull a small scale parameter's optimum back to the centre
+            # (a regression with varying intercepts, whose group scale is small in some
+            # simulated data sets, went from a TARP RMSE of 0.049 to 0.124 at K = 40).
+            centre, scale, normal = (np.asarray(a) for a in model_prior)
+            model_precision[:n] = np.where(normal, 1 / scale.astype(float) ** 2, 0.0)
+            model_offset[:n] = np.where(normal, centre - phi_bar[:n], 0.0)
         return cls(
             count=jnp.asarray(float(count)),
             noise_count=jnp.asarray(float(noise_count)),

@@ -315,7 +315,8 @@ def correlated_stats(rng):
                                       subsampling_scale=np.full(4, 50.0), curvature_prior="trace",
                                       # As narrow as the trace's information about δ, so the
                                       # model-bounded prior differs from the unit-information one.
-                                      model_prior=(np.array([0.1, 0.0]), np.array([0.01, 0.03])))
+                                      model_prior=(np.array([0.1, 0.0]), np.array([0.01, 0.03]),
+                                                   np.array([True, True])))
 
 
 @pytest.mark.parametrize("optimum_prior", ["unit-information", "standard-normal"])
