@@ -29,6 +29,7 @@ that ships with dpppl instead, so it runs anywhere.
     python tutorials/adult_calibration.py --smoke                 # CI size, about a minute
     python tutorials/adult_calibration.py                         # full data, 20 repeats: hours
     python tutorials/adult_calibration.py --repeats 5 --methods nuts --epsilon 1
+    python tutorials/adult_calibration.py --repeats 6 --epsilon 0.3 --option anchored=0.5
 
 Each fit's test predictions are saved as they land (``<out>/predictions.nc``); ``--report``
 recomputes the table and figures from them.
@@ -48,6 +49,7 @@ from pathlib import Path
 import numpy as np
 import pymc as pm
 import xarray as xr
+from linear_regression import parse_option
 from matplotlib.figure import Figure
 from scipy.special import expit
 
@@ -228,7 +230,10 @@ def main() -> None:
                         "folder with --smoke)")
     parser.add_argument("--report", action="store_true",
                         help="recompute the table and figures from saved predictions")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an NA-DPVI option for the fits, e.g. anchored=0.5 (repeatable)")
     args = parser.parse_args()
+    extra_options = dict(parse_option(text) for text in args.option)
     args.repeats = args.repeats or (1 if args.smoke else 20)
     args.epsilon = args.epsilon or ([1.0] if args.smoke else list(EPSILONS))
     if args.out is None:
@@ -263,7 +268,8 @@ def main() -> None:
     for epsilon in args.epsilon:
         for engine in engines:
             for repeat in range(args.repeats):
-                options = {"inference": engine, **(SMOKE_OPTIONS if args.smoke else {})}
+                options = {"inference": engine, **(SMOKE_OPTIONS if args.smoke else {}),
+                           **extra_options}
                 start = time.perf_counter()
                 with model:
                     idata = dpppl.sample(
