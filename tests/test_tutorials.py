@@ -30,10 +30,10 @@ TUTORIALS = ROOT / "tutorials"
 TIMEOUT_S = 600
 
 
-def run_tutorial(script: str, *args: str | Path) -> str:
-    """Run a tutorial script; return its stdout, failing with its output if it fails."""
+def launch_tutorial(script: str, *args: str | Path) -> subprocess.CompletedProcess:
+    """Run a tutorial script to its end, whatever its exit status."""
     env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"}
-    completed = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(TUTORIALS / script), *map(str, args)],
         cwd=ROOT,
         env=env,
@@ -42,6 +42,11 @@ def run_tutorial(script: str, *args: str | Path) -> str:
         timeout=TIMEOUT_S,
         check=False,
     )
+
+
+def run_tutorial(script: str, *args: str | Path) -> str:
+    """Run a tutorial script; return its stdout, failing with its output if it fails."""
+    completed = launch_tutorial(script, *args)
     assert completed.returncode == 0, (
         f"{script} exited with {completed.returncode}\n--- stdout ---\n{completed.stdout[-4000:]}"
         f"\n--- stderr ---\n{completed.stderr[-4000:]}"
@@ -99,13 +104,24 @@ def test_linear_regression(tmp_path):
 
 def test_adult_calibration(tmp_path):
     # --smoke uses the sample that ships with dpppl: no data files needed.
-    out = run_tutorial("adult_calibration.py", "--smoke", "--epsilon", "1", "--out", tmp_path)
+    out = run_tutorial("adult_calibration.py", "--smoke", "--epsilon", "1", "--out", tmp_path,
+                       "--option", "settle=False")
     assert "UCI Adult: 1394 training records × 54 features, 473 test records" in out
     assert "Calibration RMSE × 10³ on the held-out test split" in out
     for method in ("nuts", "laplace", "naive"):
         assert f"\n{method} " in out
     assert (tmp_path / "predictions.nc").is_file()
     assert (tmp_path / "reliability_eps1.png").is_file()
+    rows = json.loads((tmp_path / "results.json").read_text())
+    assert all("--option settle=False" in row["command"] for row in rows)
+
+
+def test_adult_calibration_refuses_an_invalid_option_before_fitting(tmp_path):
+    completed = launch_tutorial("adult_calibration.py", "--smoke", "--out", tmp_path,
+                                "--option", "steps=5")
+    assert completed.returncode != 0
+    assert "at least 10 steps after the burn-in" in completed.stderr
+    assert not (tmp_path / "predictions.nc").exists()
 
 
 def test_swag_ppm_imbalanced(tmp_path):
