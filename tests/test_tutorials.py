@@ -113,7 +113,7 @@ def test_adult_calibration(tmp_path):
     assert (tmp_path / "predictions.nc").is_file()
     assert (tmp_path / "reliability_eps1.png").is_file()
     rows = json.loads((tmp_path / "results.json").read_text())
-    assert all("--option settle=False" in row["command"] for row in rows)
+    assert rows and all("--option settle=False" in row["command"] for row in rows)
 
 
 def test_adult_calibration_refuses_an_invalid_option_before_fitting(tmp_path):
