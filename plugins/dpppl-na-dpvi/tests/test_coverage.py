@@ -21,7 +21,7 @@ def beta_bernoulli(n_records: int) -> pm.Model:
     return model
 
 
-def joint_rmse(
+def tarp_study(
     model: pm.Model,
     posterior: str,
     n_simulations: int,
@@ -30,8 +30,8 @@ def joint_rmse(
     covariates=None,
     random_seed: int = 20251122,
     **options,
-) -> float:
-    study = dpppl.tarp(
+):
+    return dpppl.tarp(
         model,
         mechanism="na-dpvi",
         epsilon=epsilon,
@@ -44,7 +44,10 @@ def joint_rmse(
         posterior=posterior,
         **options,
     )
-    return float(study["rmse"].mean())
+
+
+def joint_rmse(model: pm.Model, posterior: str, n_simulations: int, **options) -> float:
+    return float(tarp_study(model, posterior, n_simulations, **options)["rmse"].mean())
 
 
 def test_small_study_separates_the_noise_aware_from_the_naive_posterior():
@@ -140,11 +143,33 @@ CLASSES = {
 }
 
 
+#: Marginal TARP RMSE at K = 40 three standard deviations above a calibrated posterior's: a
+#: looser bound than the joint one, because each class has four to nine marginals.
+FAST_MARGINAL_BOUND = 0.13
+#: Classes whose marginals are known to miss the bound, and why (tutorials/RESULTS.md, 2026-11-27,
+#: stop 34).  The joint RMSE hides it: the joint balls are dominated by the widest coordinate.
+KNOWN_MARGINAL_FAILURES = {
+    "varying intercepts over public groups": (
+        "the slope w is far too wide (marginal RMSE 0.151; on 40 prior draws its posterior sd is "
+        "30-2000 times the non-private one and its 50 % intervals hold the truth 97 % of the "
+        "time): the full curvature block's LKJ(2) prior lets w's correlations with the "
+        "prior-dominated directions of the group offsets come close to singular"
+    ),
+}
+
+
 @pytest.mark.parametrize("model_class", CLASSES)
 def test_the_noise_aware_posterior_is_calibrated_on_each_model_class(model_class):
     build, covariates = CLASSES[model_class]
-    rmse = joint_rmse(
+    study = tarp_study(
         build(), "noise-aware", 40, epsilon=1.0, covariates=covariates, random_seed=20261125,
         **FAST_CLASS_STUDY,
     )
-    assert rmse < FAST_BOUND
+    assert float(study["rmse"].mean()) < FAST_BOUND
+    marginals = study["marginal_rmse"].mean("repeat")
+    worst = str(marginals.idxmax("parameter").item())
+    calibrated = float(marginals.max()) < FAST_MARGINAL_BOUND
+    if model_class in KNOWN_MARGINAL_FAILURES:
+        assert not calibrated, f"{model_class}: now calibrated, remove it from the known failures"
+        pytest.xfail(KNOWN_MARGINAL_FAILURES[model_class])
+    assert calibrated, f"{worst}: marginal TARP RMSE {float(marginals.max()):.3f}"
