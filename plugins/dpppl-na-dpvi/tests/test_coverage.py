@@ -167,9 +167,12 @@ def test_the_noise_aware_posterior_is_calibrated_on_each_model_class(model_class
     )
     assert float(study["rmse"].mean()) < FAST_BOUND
     marginals = study["marginal_rmse"].mean("repeat")
-    worst = str(marginals.idxmax("parameter").item())
-    calibrated = float(marginals.max()) < FAST_MARGINAL_BOUND
+    largest = float(marginals.max())
     if model_class in KNOWN_MARGINAL_FAILURES:
-        assert not calibrated, f"{model_class}: now calibrated, remove it from the known failures"
+        assert largest >= FAST_MARGINAL_BOUND, (
+            f"{model_class}: now calibrated, remove it from the known failures"
+        )
         pytest.xfail(KNOWN_MARGINAL_FAILURES[model_class])
-    assert calibrated, f"{worst}: marginal TARP RMSE {float(marginals.max()):.3f}"
+    assert largest < FAST_MARGINAL_BOUND, (
+        f"{marginals.idxmax('parameter').item()}: marginal TARP RMSE {largest:.3f}"
+    )
