@@ -98,6 +98,7 @@ def test_linear_regression(tmp_path):
         "sigma2_log__", *(f"w[x{j}]" for j in range(1, 11)), "b"
     }
     assert saved["eps1/nuts/K4"]["options"] == {"chains": 1}  # the paper's one NUTS chain
+    assert 0 <= saved["eps1/nuts/K4"]["fits_with_divergences"] <= 4
     for method in ("nuts", "laplace", "naive"):
         assert f"{method} ε = 1: joint RMSE" in out
         assert (tmp_path / f"eps1_{method}_K4.png").is_file()

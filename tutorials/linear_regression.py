@@ -182,6 +182,10 @@ def record(out: Path, epsilon: float, method: str, study, seconds: float, args) 
         "machine": f"{platform.machine()}, {platform.system()}",
         "command": "python " + " ".join(sys.argv),
         "fits_with_warnings": int(study.attrs.get("fits_with_warnings", 0)),
+        # The criterion for the post-processing sampler: under 1 % of the fits.
+        "fits_with_divergences": sum(
+            "divergent transitions" in messages for messages in study["fit_warnings"].values
+        ),
         "options": args.study_options,
     }
     path = out / "results.json"

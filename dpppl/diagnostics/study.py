@@ -235,6 +235,11 @@ def tarp(
         parameter_names=compiled.parameters.labels(),
         random_seed=np.random.default_rng(reference_seed),
     )
+    coverage["fit_warnings"] = (
+        "simulation",
+        np.array(["\n".join(messages) for messages in fit_warnings], dtype=object),
+        {"long_name": "what each fit warned of, one message per line (empty: nothing)"},
+    )
     coverage.attrs.update(
         _study_attrs(
             mechanism=mechanism,

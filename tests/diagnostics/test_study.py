@@ -58,7 +58,8 @@ class _TestDouble(Mechanism):
 
 
 class ExactBetaBernoulli(_TestDouble):
-    """Exact Beta(1 + Σy, 1 + N − Σy) posterior draws of logit(p); ``shrink`` < 1 narrows them."""
+    """Exact Beta(1 + Σy, 1 + N − Σy) posterior draws of logit(p); ``shrink`` < 1 narrows them;
+    a fit warns where the data's success rate exceeds ``warn_above``."""
 
     name = "test-exact-beta-bernoulli"
 
@@ -66,12 +67,12 @@ class ExactBetaBernoulli(_TestDouble):
     class Options:
         draws: int = 400
         shrink: float = 1.0
-        warn: bool = False
+        warn_above: float = 1.0
 
     def fit(self, model, data, plan, *, seed, progress):
-        if self.options.warn:
-            warnings.warn("test double's warning", UserWarning, stacklevel=2)
         y = data["y"]
+        if y.mean() > self.options.warn_above:
+            warnings.warn(f"success rate {y.mean():.3f}", UserWarning, stacklevel=2)
         assert len(y) == model.n_records == plan.details["n_records"]
         p = np.random.default_rng(seed).beta(1 + y.sum(), 1 + y.size - y.sum(), self.options.draws)
         theta = np.log(p) - np.log1p(-p)  # logit, PyMC's unconstrained space for p
@@ -188,7 +189,7 @@ def test_the_study_records_its_settings_and_spends_no_budget(beta_bernoulli):
     study = exact_study(beta_bernoulli, n_simulations=10, n_repeats=3, n_posterior_draws=50)
     attrs = study.attrs
     assert attrs["mechanism"] == "test-exact-beta-bernoulli"
-    assert attrs["mechanism_settings"] == '{"draws": 400, "shrink": 1.0, "warn": false}'
+    assert attrs["mechanism_settings"] == '{"draws": 400, "shrink": 1.0, "warn_above": 1.0}'
     assert (attrs["epsilon"], attrs["delta"]) == (1.0, 1e-5)
     assert (attrs["n_simulations"], attrs["n_draws"], attrs["n_repeats"]) == (10, 50, 3)
     assert attrs["reference_rule"] == "posterior_uniform"
@@ -209,11 +210,27 @@ def test_the_same_seed_reproduces_the_study_and_another_changes_it(beta_bernoull
 def test_fit_warnings_are_reported_once_for_the_study(beta_bernoulli):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        study = exact_study(beta_bernoulli, n_simulations=5, warn=True)
-    assert [str(w.message) for w in caught] == [
-        "5 of 5 fits of the TARP study warned; the first said: UserWarning: test double's warning"
-    ]
+        study = exact_study(beta_bernoulli, n_simulations=5, warn_above=-1.0)
+    [message] = [str(w.message) for w in caught]
+    assert message.startswith(
+        "5 of 5 fits of the TARP study warned; the first said: UserWarning: success rate 0."
+    )
     assert study.attrs["fits_with_warnings"] == 5
+
+
+def test_the_study_keeps_what_each_fit_warned_of_through_netcdf(beta_bernoulli, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study = exact_study(beta_bernoulli, n_simulations=40, warn_above=0.5)
+    messages = study["fit_warnings"].values
+    assert messages.shape == (40,)
+    warned = [m for m in messages if m]
+    assert 0 < len(warned) == study.attrs["fits_with_warnings"] < 40
+    rates = [float(re.fullmatch(r"UserWarning: success rate (\S+)", m).group(1)) for m in warned]
+    assert min(rates) > 0.5
+    study.to_netcdf(tmp_path / "study.nc")
+    with xr.open_dataset(tmp_path / "study.nc") as loaded:
+        assert loaded["fit_warnings"].values.tolist() == messages.tolist()
 
 
 def test_a_fit_with_non_finite_draws_stops_the_study_there(beta_bernoulli):
@@ -291,7 +308,7 @@ def test_add_tarp_runs_the_results_mechanism_and_setting(beta_bernoulli):
     dpppl.add_tarp(result, beta_bernoulli, n_simulations=10, n_repeats=2, n_workers=1,
                    progressbar=False)
     attrs = result["tarp"].attrs
-    assert attrs["mechanism_settings"] == '{"draws": 400, "shrink": 0.5, "warn": false}'
+    assert attrs["mechanism_settings"] == '{"draws": 400, "shrink": 0.5, "warn_above": 1.0}'
     assert attrs["epsilon"] == result.attrs["dp_epsilon"]
 
 
