@@ -197,7 +197,10 @@ class NADPVI(Mechanism):
         each correlation, so η decides how close to singular the curvature may come and with
         it the posterior's width: on a 10-D regression with independent covariates η = 2 is
         several times too wide, on a regression with varying intercepts, whose curvature is
-        strongly correlated, a larger η is over-confident (``tutorials/RESULTS.md``).
+        strongly correlated, a larger η is over-confident (``tutorials/RESULTS.md``).  On the
+        class studies of the tests at K = 200 (2026-11-27) a learned η took the joint TARP RMSE
+        of the logistic, Poisson and unknown-scale regressions from 0.066 / 0.037 / 0.036 to
+        0.044 / 0.025 / 0.027 and that of the varying intercepts from 0.047 to 0.163.
     covariance
         The covariance of θ given each draw of the optimum.  ``"mean-field"`` (default, the
         paper's): θ ~ q(θ; φ*), variances softplus(u*).  ``"linear-response"``: θ ~ N(μ*, A_μ⁻¹)
