@@ -173,10 +173,12 @@ def tarp(
     xarray.Dataset
         The output of :func:`dpppl.diagnostics.tarp_coverage` (variables ``ecp``,
         ``coverage_error``, ``rmse``, their ``marginal_*`` versions and the ball masses, with
-        dims ``repeat``, ``alpha``, ``parameter``, ``simulation``), with attributes recording
-        the study's settings (mechanism, options, ε, δ, N, K, S, seed) and ``privacy_budget_spent``
-        and ``privacy_note`` saying what the study spent.  Ready to be a result's ``tarp`` group
-        (see :func:`add_tarp`).
+        dims ``repeat``, ``alpha``, ``parameter``, ``simulation``), plus ``fit_warnings``
+        (dim ``simulation``: what each fit warned of, one message per line, empty where it did
+        not; the study itself warns once, naming the first), with attributes recording the
+        study's settings (mechanism, options, ε, δ, N, K, S, seed), ``fits_with_warnings``,
+        and ``privacy_budget_spent`` and ``privacy_note`` saying what the study spent.  Ready to
+        be a result's ``tarp`` group (see :func:`add_tarp`).
 
     Raises
     ------
