@@ -41,7 +41,12 @@ from pytensor.tensor.random.type import RandomGeneratorType
 from dpppl.errors import InvalidDataError, ModelNotSupportedError
 from dpppl.model.jax_compile import jaxify
 from dpppl.model.locality import is_record_local
-from dpppl.model.record_structure import RecordStructure, find_records, pymc_model
+from dpppl.model.record_structure import (
+    RecordStructure,
+    find_records,
+    finite_support,
+    pymc_model,
+)
 
 Batch = Mapping[str, jax.Array]
 
@@ -509,6 +514,37 @@ class RecordModel:
     def data(self) -> dict[str, np.ndarray]:
         """The record arrays the model holds (the private data set)."""
         return self.structure.data()
+
+    def possible_records(self, limit: int) -> dict[str, np.ndarray] | None:
+        """Every record the model allows, when the model alone makes them at most ``limit``.
+
+        Public: the rows come from the supports of the likelihood (:func:`finite_support`: a
+        Bernoulli or Categorical observation), never from the data.  They are arrays like
+        :meth:`data`'s, one row per possible record; None when some record array is a covariate
+        or an observation without such a support, or when there are more than ``limit`` rows.
+        """
+        observations = {value: rv for rv, value in self.model.rvs_to_values.items()}
+        choices = []
+        for variable in self.structure.variables:
+            rv = observations.get(variable.variable)
+            support = None if rv is None else finite_support(rv)
+            if support is None:
+                return None
+            size = math.prod(variable.trailing_shape)
+            if len(support) ** size > limit:
+                return None
+            choices += [(variable, support)] * size
+        if math.prod(len(support) for _, support in choices) > limit:
+            return None
+        grids = np.meshgrid(*(support for _, support in choices), indexing="ij")
+        grid = np.stack([a.ravel() for a in grids])
+        rows, start = {}, 0
+        for variable in self.structure.variables:
+            size = math.prod(variable.trailing_shape)
+            block = grid[start : start + size].T.reshape(-1, *variable.trailing_shape)
+            rows[variable.name] = block.astype(variable.dtype)
+            start += size
+        return rows
 
     def check_data(self, data: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Validate a data set for this model and return it as arrays.

@@ -29,6 +29,7 @@ from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors
+from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
 from dpppl.errors import InvalidDataError, ModelNotSupportedError
 
@@ -210,6 +211,30 @@ def _check_finite(name: str, value: np.ndarray) -> None:
         )
 
 
+def finite_support(rv: Variable) -> np.ndarray | None:
+    """The values an observation of ``rv`` can take, when its distribution alone makes them few
+    and known: {0, 1} for a Bernoulli, {0, …, K − 1} for a Categorical over K categories fixed
+    by the model's shapes; None otherwise.  Public: it comes from the model, not the data."""
+    op = rv.owner.op
+    if isinstance(op, BernoulliRV):
+        return np.arange(2)
+    if isinstance(op, CategoricalRV):
+        categories = rv.owner.inputs[-1].type.shape[-1]
+        return None if categories is None else np.arange(categories)
+    return None
+
+
+def _check_support(rv: Variable, value: np.ndarray) -> None:
+    support = finite_support(rv)
+    if support is not None and not np.isin(value, support).all():
+        raise InvalidDataError(
+            f"observed variable {rv.name!r} holds values its {type(rv.owner.op).__name__[:-2]} "
+            f"likelihood gives probability 0 (it allows {support.min()} to {support.max()}); "
+            "recode or remove those records before fitting (dpppl does not say which records: "
+            "that would leak them)"
+        )
+
+
 def pymc_model(model: object | None = None) -> pm.Model:
     """The PyMC model to privatise: ``model``, the one of the ``with`` context, or the one a Bambi
     model builds (``bambi.Model``, built here if it is not yet).
@@ -306,6 +331,9 @@ def find_records(model: pm.Model, records: str | None = None) -> RecordStructure
             variables.append(RecordVariable(name, root, value.shape[1:], str(value.dtype)))
     for variable in variables:
         _check_finite(variable.name, variable.value())
+    for rv in observed:
+        if model.rvs_to_values[rv].owner is None:
+            _check_support(rv, _value_of(model.rvs_to_values[rv]))
 
     dim_length = model.dim_lengths.get(dim) if dim is not None else None
     record_roots = {v.variable for v in variables} | ({dim_length} if dim_length is not None else set())

@@ -69,8 +69,10 @@ __getattr__, __dir__, _lazy = lazy_exports(
         ],
         "dpppl.privacy.noise_calibration": ["calibrate_noise_multiplier"],
         "dpppl.privacy.subsampling": [
+            "DistinctRecords",
             "GeometricTable",
             "PoissonSampler",
+            "batch_counts",
             "gather",
             "poisson_batch",
         ],

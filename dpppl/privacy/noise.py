@@ -373,7 +373,11 @@ class SnappedGaussian:
 
 
 def snapped_gaussian_release(
-    key: jax.Array, rows: jax.Array, std: float | jax.Array, grid: float | jax.Array
+    key: jax.Array,
+    rows: jax.Array,
+    std: float | jax.Array,
+    grid: float | jax.Array,
+    counts: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Σ ``rows`` plus noise of std ``std``, released exactly on the grid {k · ``grid``}.
 
@@ -399,6 +403,10 @@ def snapped_gaussian_release(
         The noise standard deviation σ(C + grid√d).
     grid
         The output grid, a power of two (checked when it is a concrete number).
+    counts
+        How many records each row stands for, shape (n,) (None: one each).  A row is rounded
+        once and then counted, so the release is the one its records, rounded one by one,
+        would give (see :class:`~dpppl.privacy.subsampling.DistinctRecords`).
 
     Returns
     -------
@@ -411,6 +419,8 @@ def snapped_gaussian_release(
         if not (grid > 0 and math.frexp(grid)[0] == 0.5):
             raise ValueError(f"grid must be a positive power of two, got {grid!r}")
     steps = jnp.round(jnp.asarray(rows, dtype=jnp.float64) / grid)
+    if counts is not None:
+        steps = steps * counts[:, None]
     scale = std / grid
     noise = discrete_gaussian(key, steps.shape[1:], scale).astype(jnp.float64)
     # Σ|k_i| + |X| bounds every partial sum, and its computed value reaches 2⁵³ exactly when its

@@ -240,3 +240,58 @@ def poisson_batch(
 def gather(data: Any, indices: jax.Array) -> Any:
     """The records at ``indices`` of every array in ``data`` (a pytree with a leading record axis)."""
     return jax.tree.map(lambda a: a[indices], data)
+
+
+class DistinctRecords(NamedTuple):
+    """A data set as copies of a few possible records.
+
+    Think of the data sorted so that the copies of a record sit together: the copies of row u
+    of ``rows`` then occupy positions ``ends[u − 1]`` to ``ends[u] − 1`` (``ends[−1]`` read as
+    0).  Poisson sampling treats every position alike, so a batch drawn over these positions
+    (:func:`poisson_batch`) holds each record with probability q independently, exactly as a
+    batch of the data in its own order does, and :func:`batch_counts` says how many copies of
+    each row it holds.  Identical records have identical clipped gradients, so a step can take
+    one gradient per row and weight it by its count: on binary or categorical data, a few rows
+    instead of the ~qN records of a batch.
+
+    The rows should be public (the records a model allows,
+    :meth:`~dpppl.model.record_model.RecordModel.possible_records`): a program's shapes, and
+    with them the compilation cache, then say nothing about the data.
+    """
+
+    rows: Any  # a pytree like the data, one entry per possible record (U along the first axis)
+    ends: np.ndarray  # (U,) int64, non-decreasing, the last = N
+
+    @classmethod
+    def among(cls, rows: Any, data: Any) -> DistinctRecords:
+        """``data`` (a pytree of arrays with a leading record axis) as copies of ``rows`` (the
+        same pytree, one entry per possible record).
+
+        Raises
+        ------
+        ValueError
+            If a record of ``data`` is none of ``rows`` (which record is not said).
+        """
+        row_bytes, n_rows = _record_bytes(rows)
+        data_bytes, _ = _record_bytes(data)
+        position = {row.tobytes(): i for i, row in enumerate(row_bytes)}
+        distinct, inverse = np.unique(data_bytes, axis=0, return_inverse=True)
+        found = [position.get(row.tobytes()) for row in distinct]
+        if None in found:
+            raise ValueError("the data hold a record that is none of the possible records")
+        copies = np.bincount(np.asarray(found)[inverse.ravel()], minlength=n_rows)
+        return cls(rows=rows, ends=np.cumsum(copies).astype(np.int64))
+
+
+def _record_bytes(data: Any) -> tuple[np.ndarray, int]:
+    """Each record of ``data`` as one row of bytes, and the number of records."""
+    arrays = [np.ascontiguousarray(leaf) for leaf in jax.tree.leaves(data)]
+    n = arrays[0].shape[0]
+    return np.concatenate([a.reshape(n, -1).view(np.uint8).reshape(n, -1) for a in arrays], 1), n
+
+
+def batch_counts(indices: jax.Array, mask: jax.Array, ends: jax.Array) -> jax.Array:
+    """How many records of the batch (:func:`poisson_batch`'s ``indices`` and ``mask``) are copies
+    of each row of a :class:`DistinctRecords` with these ``ends``, shape (U,) int64."""
+    row = jnp.searchsorted(ends, indices, side="right")
+    return jnp.zeros(ends.shape[0], jnp.int64).at[row].add(mask.astype(jnp.int64), mode="drop")

@@ -346,3 +346,32 @@ def test_the_structure_key_holds_no_record_value():
     hashed.update(y.tobytes())
     key = next(k for k, v in compiled_models()._entries.items() if v is compiled.compiled)
     assert hashed.hexdigest() not in repr(key)
+
+
+def test_the_possible_records_of_binary_and_categorical_observations_come_from_the_model():
+    with pm.Model() as model:
+        p = pm.Beta("p", 1.0, 1.0)
+        weights = pm.Dirichlet("weights", np.ones(3))
+        pm.Bernoulli("pair", p=p, observed=np.ones((20, 2), dtype=int))
+        pm.Categorical("choice", p=weights, observed=np.zeros(20, dtype=int))
+    rows = record_model(model).possible_records(limit=12)
+    records = {
+        (tuple(pair.tolist()), int(choice))
+        for pair, choice in zip(rows["pair"], rows["choice"], strict=True)
+    }
+    # Every pair of bits with every category, whatever the data hold (all ones, category 0).
+    assert len(rows["pair"]) == 12
+    assert records == {((a, b), c) for a in (0, 1) for b in (0, 1) for c in range(3)}
+    assert rows["pair"].dtype == record_model(model).data()["pair"].dtype
+    assert record_model(model).possible_records(limit=11) is None
+
+
+def test_a_model_with_covariates_or_continuous_observations_has_no_list_of_possible_records(
+    regression_model,
+):
+    assert record_model(regression_model).possible_records(limit=10**6) is None
+    x = np.linspace(0.0, 1.0, 20)
+    with pm.Model() as logistic:
+        b = pm.Normal("b")
+        pm.Bernoulli("y", logit_p=b * x, observed=np.zeros(20, dtype=int))
+    assert record_model(logistic).possible_records(limit=10**6) is None

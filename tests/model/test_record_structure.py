@@ -159,3 +159,17 @@ def test_an_empty_data_set_is_refused():
         pm.Normal("y", mu, 1, observed=pm.Data("Y", np.zeros(0)), shape=(0,))
     with pytest.raises((InvalidDataError, ModelNotSupportedError), match="no records|no per-record"):
         find_records(model)
+
+
+@pytest.mark.parametrize("likelihood", ["bernoulli", "categorical"])
+def test_observations_outside_a_finite_support_are_refused_without_saying_which(likelihood):
+    y = np.zeros(8, dtype=int)
+    y[5] = 3
+    with pm.Model() as model:
+        if likelihood == "bernoulli":
+            pm.Bernoulli("y", p=pm.Beta("p", 1, 1), observed=y)
+        else:
+            pm.Categorical("y", p=pm.Dirichlet("p", np.ones(3)), observed=y)
+    with pytest.raises(InvalidDataError, match="'y' holds values .* probability 0") as error:
+        find_records(model)
+    assert "5" not in str(error.value) and "3 " not in str(error.value)

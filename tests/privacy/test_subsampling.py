@@ -12,8 +12,10 @@ from scipy import stats
 
 from dpppl.privacy.budget import total_variation_delta
 from dpppl.privacy.subsampling import (
+    DistinctRecords,
     GeometricTable,
     PoissonSampler,
+    batch_counts,
     gather,
     geometric_rounding_variation,
     geometric_thresholds,
@@ -171,3 +173,35 @@ def test_gather_takes_the_same_rows_of_every_array():
     batch = gather(data, jnp.array([3, 1]))
     assert batch["x"].tolist() == [3.0, 1.0]
     assert batch["y"].tolist() == [[6.0, 7.0], [2.0, 3.0]]
+
+
+def test_a_data_set_is_counted_as_copies_of_its_possible_records():
+    rows = {"x": np.array([1.0, 2.0, 1.0, 2.0]), "group": np.array([0, 0, 1, 1])}
+    data = {"x": np.array([1.0, 2.0, 1.0, 1.0, 2.0, 1.0]), "group": np.array([0, 0, 0, 1, 0, 0])}
+    distinct = DistinctRecords.among(rows, data)
+    assert distinct.rows is rows
+    # (1, 0) three times, (2, 0) twice, (1, 1) once, (2, 1) never.
+    assert np.diff(distinct.ends, prepend=0).tolist() == [3, 2, 1, 0]
+
+
+def test_a_record_that_is_none_of_the_possible_ones_is_refused_without_saying_which():
+    with pytest.raises(ValueError, match="none of the possible records") as refused:
+        DistinctRecords.among({"y": np.array([0, 1])}, {"y": np.array([0, 1, 7, 1])})
+    assert "7" not in str(refused.value)
+
+
+def test_batch_counts_of_distinct_records_are_independent_binomials():
+    """A batch over the distinct records' positions holds Binomial(n_u, q) copies of row u,
+    independently: the law of a Poisson batch of the data itself, grouped by value."""
+    copies, q, trials = np.array([150, 0, 40, 10]), 0.1, 20_000
+    ends = jnp.asarray(np.cumsum(copies))
+    indices, mask = _batches(int(copies.sum()), q, 60, trials, seed=3)
+    counts = np.asarray(jax.vmap(batch_counts, in_axes=(0, 0, None))(indices, mask, ends))
+    assert counts[:, 1].max() == 0  # a record without copies is never in a batch
+    used = counts[:, [0, 2, 3]]
+    mean, var = copies[[0, 2, 3]] * q, copies[[0, 2, 3]] * q * (1 - q)
+    z = (used.mean(axis=0) - mean) / np.sqrt(var / trials)
+    assert stats.chi2.sf(np.sum(z**2), df=3) > SIGNIFICANCE
+    np.testing.assert_allclose(used.var(axis=0), var, rtol=5 * np.sqrt(2 / trials))
+    correlation = np.corrcoef(used.T)[np.triu_indices(3, 1)]
+    assert np.all(np.abs(correlation) < 5 / np.sqrt(trials))

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from dpppl import record_model
-from dpppl.plugin import GeometricTable, Progress
+from dpppl.plugin import DistinctRecords, GeometricTable, Progress
 from dpppl_na_dpvi.dpsgd import DPSGDSettings, make_step, run_dpsgd
 from dpppl_na_dpvi.heuristics import StandardisedSchedule
 
@@ -112,6 +112,31 @@ def test_records_are_included_at_the_sampling_rate(model):
         counts.append(float(jnp.linalg.norm(grad) / jnp.linalg.norm(one)))
     counts = np.rint(counts)
     assert abs(counts.mean() - 0.2 * n) < 5 * np.sqrt(0.2 * 0.8 * n / len(counts))
+
+
+@pytest.mark.parametrize("grid", [None, 2.0**-20], ids=["float", "snapped"])
+def test_a_step_on_distinct_records_releases_what_a_step_on_their_copies_releases(model, grid):
+    """One gradient per possible record, counted as often as the batch holds it: the snapped
+    release is the same bit for bit, the float one up to the order of its sum."""
+    rng = np.random.default_rng(4)
+    possible = {k: v[:6] for k, v in model.data().items()}  # the sixth is never used
+    picks = rng.integers(0, 5, size=200)
+    distinct = DistinctRecords.among(possible, {k: v[picks] for k, v in possible.items()})
+    copies = np.diff(distinct.ends, prepend=0)
+    # The data in the possible records' order: the positions a batch draws mean the same rows.
+    expanded = {k: jnp.asarray(np.repeat(v, copies, axis=0)) for k, v in possible.items()}
+    snapped = grid is not None
+    per_slot = jax.jit(make_step(model, capacity=80, mc_draws=4, snapped=snapped))
+    per_row = jax.jit(make_step(model, capacity=80, mc_draws=4, snapped=snapped, distinct=True))
+    noisy = settings(model, sigma=1.0, bound=0.5, rate=0.2, lr=0.01)._replace(n_records=200)
+    rows = jax.tree.map(jnp.asarray, distinct)
+    for seed in range(20):
+        a = per_slot(far_phi(model) / 8, jax.random.key(seed), expanded, noisy, grid)[1]
+        b = per_row(far_phi(model) / 8, jax.random.key(seed), rows, noisy, grid)[1]
+        if snapped:
+            np.testing.assert_array_equal(a.noisy_sum, b.noisy_sum)
+        else:
+            np.testing.assert_allclose(a.noisy_sum, b.noisy_sum, rtol=1e-12, atol=1e-12)
 
 
 def test_the_update_is_minus_learning_rate_times_the_noisy_gradient(model):
