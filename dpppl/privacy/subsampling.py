@@ -82,12 +82,34 @@ class PoissonSampler:
         """The gaps' table at the rate: what :func:`poisson_batch` takes."""
         return GeometricTable.for_rate(self.rate)
 
+    @property
+    def step_variation(self) -> float:
+        """The total variation charged per step: truncation plus ``capacity`` rounded gaps."""
+        return self.overflow_probability + self.capacity * geometric_rounding_variation(self.rate)
+
     def delta_cost(self, steps: int, epsilon: float) -> float:
         """Extra δ from truncated batches and rounded gap laws in ``steps`` steps at ε."""
-        per_step = self.overflow_probability + self.capacity * geometric_rounding_variation(
-            self.rate
+        return total_variation_delta(epsilon, steps * self.step_variation)
+
+    def count_length(self, rows: int) -> int | None:
+        """The table length L with which the batch counts of ``rows`` possible records, drawn
+        as Binomial(n_u, q) counts (:func:`binomial_thresholds`), stay within the total
+        variation this sampler charges per step; None when no length does.
+
+        A count is cut at L (probability at most P(Binomial(N, q) ≥ L) whatever n_u ≤ N is)
+        and its law is rounded (:func:`binomial_rounding_variation`); the counts of one step
+        are independent, so their distances add up.
+        """
+        if not self.overflow_probability > 0:
+            return None
+        largest = _binomial_tail_quantile(
+            math.log(self.overflow_probability / rows), self.n_records, self.rate
         )
-        return total_variation_delta(epsilon, steps * per_step)
+        length = largest + 1
+        tail = float(stats.binom.sf(largest, self.n_records, self.rate))
+        if rows * (tail + binomial_rounding_variation(length)) > self.step_variation:
+            return None
+        return length
 
     def sample(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Indices (capacity,) of the records in one batch, and a mask of which slots are used."""
@@ -247,12 +269,11 @@ class DistinctRecords(NamedTuple):
 
     Think of the data sorted so that the copies of a record sit together: the copies of row u
     of ``rows`` then occupy positions ``ends[u − 1]`` to ``ends[u] − 1`` (``ends[−1]`` read as
-    0).  Poisson sampling treats every position alike, so a batch drawn over these positions
-    (:func:`poisson_batch`) holds each record with probability q independently, exactly as a
-    batch of the data in its own order does, and :func:`batch_counts` says how many copies of
-    each row it holds.  Identical records have identical clipped gradients, so a step can take
-    one gradient per row and weight it by its count: on binary or categorical data, a few rows
-    instead of the ~qN records of a batch.
+    0).  A Poisson batch holds each record with probability q independently, so the number of
+    copies of row u it holds is Binomial(ends[u] − ends[u − 1], q), independently of the other
+    rows (:func:`binomial_counts` draws it).  Identical records have identical clipped
+    gradients, so a step can take one gradient per row and weight it by its count: on binary or
+    categorical data, a few rows instead of the ~qN records of a batch.
 
     The rows should be public (the records a model allows,
     :meth:`~dpppl.model.record_model.RecordModel.possible_records`): a program's shapes, and
@@ -290,8 +311,73 @@ def _record_bytes(data: Any) -> tuple[np.ndarray, int]:
     return np.concatenate([a.reshape(n, -1).view(np.uint8).reshape(n, -1) for a in arrays], 1), n
 
 
-def batch_counts(indices: jax.Array, mask: jax.Array, ends: jax.Array) -> jax.Array:
-    """How many records of the batch (:func:`poisson_batch`'s ``indices`` and ``mask``) are copies
-    of each row of a :class:`DistinctRecords` with these ``ends``, shape (U,) int64."""
-    row = jnp.searchsorted(ends, indices, side="right")
-    return jnp.zeros(ends.shape[0], jnp.int64).at[row].add(mask.astype(jnp.int64), mode="drop")
+def binomial_thresholds(n: int, rate: float, length: int) -> np.ndarray:
+    """The integers T_k ≈ F(k) · 2¹²⁸ for k = 0 … ``length`` − 1, F the distribution function of
+    Binomial(n, ``rate``), as a (2, length) uint64 array: the high words, then the low words.
+
+    A count drawn as C = #{k : T_k ≤ U}, for U uniform on the 128-bit integers, has
+    P(C ≤ k) = T_k / 2¹²⁸: Binomial(n, q) with its distribution function within 2 · 2⁻¹²⁸, and
+    cut at ``length`` (:func:`binomial_rounding_variation`).  Exact integer arithmetic from the
+    float ``rate``: the probabilities are fixed-point numbers with P fractional bits, P = 128 +
+    64 guard bits + 2 log₂(length + 1) + log₂(1 / (1 − q)ⁿ), each rounded down.  Starting from
+    (1 − q)ⁿ, exact, each probability is the last times (n − k + 1) q / (k (1 − q)); rounding adds
+    less than 1 unit per step, and an error carried from step i to step k grows by f(k) / f(i) ≤
+    1 / (1 − q)ⁿ (f, the probability function, is unimodal), so each partial sum is within
+    length² · 2⁻⁽¹²⁸ ⁺ ⁶⁴⁾ of its exact value before the final rounding down.
+    """
+    q = Fraction(rate)
+    keep = 1 - q
+    if keep == 0:  # every copy is in the batch: the count is n
+        words = [0 if k < n else 2**_BITS - 1 for k in range(length)]
+    else:
+        words = _binomial_words(n, q, length)
+    return np.array([[t >> 64 for t in words], [t & (2**64 - 1) for t in words]], dtype=np.uint64)
+
+
+def _binomial_words(n: int, q: Fraction, length: int) -> list[int]:
+    keep = 1 - q
+    start_bits = math.ceil(n * math.log2(keep.denominator / keep.numerator)) if n else 0
+    bits = _BITS + 64 + 2 * (length + 1).bit_length() + start_bits
+    # ⌊(1 − q)ⁿ 2^P⌋ exactly.
+    mass = (keep.numerator**n << bits) // keep.denominator**n
+    total, words = 0, []
+    for k in range(length):
+        if k:
+            mass = mass * (n - k + 1) * q.numerator * keep.denominator // (
+                k * q.denominator * keep.numerator
+            )
+        total += mass
+        words.append(min(total >> (bits - _BITS), 2**_BITS - 1))
+    return words
+
+
+def binomial_rounding_variation(length: int) -> float:
+    """An upper bound on the total variation between a count of :func:`binomial_counts` and an
+    exact Binomial(n, q) count, besides the cut at ``length``: each T_k / 2¹²⁸ is within
+    2 · 2⁻¹²⁸ of F(k), so each of the length + 1 probabilities moves by less than 4 · 2⁻¹²⁸."""
+    return 2 * (length + 1) * 2.0**-_BITS
+
+
+def binomial_counts(key: jax.Array, thresholds: jax.Array) -> jax.Array:
+    """One count per row of ``thresholds`` ((U, 2, L) uint64, each row
+    :func:`binomial_thresholds`), shape (U,) int64: the number of T_k at or below a 128-bit
+    uniform draw, found by bisection over the ascending T_k."""
+    key_high, key_low = jax.random.split(key)
+    rows, _, length = thresholds.shape
+    high = jax.random.bits(key_high, (rows,), dtype=jnp.uint64)
+    low = jax.random.bits(key_low, (rows,), dtype=jnp.uint64)
+
+    def halve(_, bounds):
+        # Invariant: T_k ≤ U for k < lo, T_k > U for k ≥ hi.
+        lo, hi = bounds
+        mid = (lo + hi) // 2
+        at = jnp.minimum(mid, length - 1)
+        t_high = jnp.take_along_axis(thresholds[:, 0], at[:, None], axis=1)[:, 0]
+        t_low = jnp.take_along_axis(thresholds[:, 1], at[:, None], axis=1)[:, 0]
+        below = (t_high < high) | ((t_high == high) & (t_low <= low))
+        open_ = lo < hi
+        return jnp.where(open_ & below, mid + 1, lo), jnp.where(open_ & ~below, mid, hi)
+
+    start = (jnp.zeros(rows, jnp.int64), jnp.full(rows, length, jnp.int64))
+    count, _ = jax.lax.fori_loop(0, length.bit_length(), halve, start)
+    return count

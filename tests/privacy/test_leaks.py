@@ -12,6 +12,7 @@ Sentinels: a float with many recognisable digits, a large float, and a large int
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import subprocess
@@ -29,6 +30,7 @@ from dpppl.app.model_file import EXAMPLE_MODEL_FILE
 from dpppl.engine import plan_fit, run_mechanism
 from dpppl.errors import InexactReleaseError
 from dpppl.plugin.registry import get_mechanism
+from dpppl.privacy.subsampling import binomial_thresholds
 
 FLOAT_SENTINEL = 7.123456789
 BIG_SENTINEL = 987654321.5
@@ -332,6 +334,38 @@ def test_the_persistent_compilation_cache_holds_no_record_value(tmp_path, mechan
     assert entries, "the fit wrote no compiled program to the cache"
     for name, content in entries.items():
         assert_no_sentinel_bytes(content, f"the compilation cache entry {name}")
+
+
+_COUNTED_FIT_IN_A_NEW_PROCESS = """
+import json, numpy as np, pymc as pm, dpppl
+with pm.Model() as model:
+    p = pm.Beta("p", 1, 1)
+    pm.Bernoulli("y", p=p, observed=np.array({y}))
+    idata = dpppl.sample(mechanism="na-dpvi", epsilon=1.0, delta=1e-5, progressbar=False, **{options})
+print(json.dumps(json.loads(idata.attrs["dp_privacy_details"])))
+"""
+
+
+def test_a_fit_that_counts_records_keeps_the_counts_out_of_the_compilation_cache(tmp_path):
+    """A binary model's DP-SGD draws each step's count of ones from thresholds computed from the
+    data's number of ones (private): those must be inputs of the compiled program too."""
+    y = (np.random.default_rng(1).random(373) < 0.37).astype(int)
+    script = _COUNTED_FIT_IN_A_NEW_PROCESS.format(y=y.tolist(), options=NA_DPVI_FAST)
+    cache = tmp_path / "compilation"
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True,
+                          text=True, env={**os.environ, "DPPPL_COMPILATION_CACHE": str(cache)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    details = json.loads(done.stdout.strip().splitlines()[-1])
+    assert details["count_length"] is not None, "the fit did not count records"
+    ones = int(y.sum())
+    high = binomial_thresholds(ones, details["sampling_rate"], details["count_length"])[0]
+    # The high words between the tails are 64-bit patterns no program holds by chance.
+    telling = [w.tobytes() for w in high if 2**32 < w < 2**64 - 2**32]
+    assert len(telling) > 5
+    entries = _compilation_cache_entries(cache)
+    assert entries, "the fit wrote no compiled program to the cache"
+    for name, content in entries.items():
+        assert not any(word in content for word in telling), f"a count's threshold is in {name}"
 
 
 def test_the_compilation_cache_search_finds_a_constant_baked_into_a_program(tmp_path):

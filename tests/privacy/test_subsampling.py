@@ -4,6 +4,9 @@ separates the sampler from ideal Poisson sampling is charged in δ."""
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +18,9 @@ from dpppl.privacy.subsampling import (
     DistinctRecords,
     GeometricTable,
     PoissonSampler,
-    batch_counts,
+    binomial_counts,
+    binomial_rounding_variation,
+    binomial_thresholds,
     gather,
     geometric_rounding_variation,
     geometric_thresholds,
@@ -190,18 +195,51 @@ def test_a_record_that_is_none_of_the_possible_ones_is_refused_without_saying_wh
     assert "7" not in str(refused.value)
 
 
-def test_batch_counts_of_distinct_records_are_independent_binomials():
-    """A batch over the distinct records' positions holds Binomial(n_u, q) copies of row u,
-    independently: the law of a Poisson batch of the data itself, grouped by value."""
-    copies, q, trials = np.array([150, 0, 40, 10]), 0.1, 20_000
-    ends = jnp.asarray(np.cumsum(copies))
-    indices, mask = _batches(int(copies.sum()), q, 60, trials, seed=3)
-    counts = np.asarray(jax.vmap(batch_counts, in_axes=(0, 0, None))(indices, mask, ends))
-    assert counts[:, 1].max() == 0  # a record without copies is never in a batch
-    used = counts[:, [0, 2, 3]]
-    mean, var = copies[[0, 2, 3]] * q, copies[[0, 2, 3]] * q * (1 - q)
-    z = (used.mean(axis=0) - mean) / np.sqrt(var / trials)
-    assert stats.chi2.sf(np.sum(z**2), df=3) > SIGNIFICANCE
-    np.testing.assert_allclose(used.var(axis=0), var, rtol=5 * np.sqrt(2 / trials))
-    correlation = np.corrcoef(used.T)[np.triu_indices(3, 1)]
-    assert np.all(np.abs(correlation) < 5 / np.sqrt(trials))
+@pytest.mark.parametrize(("n", "rate"), [(0, 0.1), (1, 0.1), (7, 0.3), (30, 0.1), (50, 0.5), (5, 1.0)])
+def test_binomial_thresholds_are_the_distribution_function_rounded_down(n, rate):
+    length = 12
+    words = binomial_thresholds(n, rate, length)
+    thresholds = [(int(high) << 64) | int(low) for high, low in zip(*words, strict=True)]
+    q = Fraction(rate)
+    pmf = [math.comb(n, k) * q**k * (1 - q) ** (n - k) if k <= n else 0 for k in range(length)]
+    cdf = np.cumsum(pmf)
+    exact = [min(int(f * 2**128), 2**128 - 1) for f in cdf]
+    # Within 2 of ⌊F(k) 2¹²⁸⌋ is what the rounding bound assumes; here they are equal.
+    assert all(abs(t - e) <= 2 for t, e in zip(thresholds, exact, strict=True))
+
+
+def test_binomial_counts_follow_the_binomial_law():
+    sizes, rate, draws = [0, 5, 40], 0.2, 40_000
+    table = jnp.asarray(np.stack([binomial_thresholds(n, rate, 41) for n in sizes]))
+    keys = jax.random.split(jax.random.key(4), draws)
+    counts = np.asarray(jax.vmap(binomial_counts, in_axes=(0, None))(keys, table))
+    assert np.all(counts[:, 0] == 0)
+    for column, n in zip(counts.T[1:], sizes[1:], strict=True):
+        observed = np.bincount(column, minlength=n + 1)
+        expected = draws * stats.binom.pmf(np.arange(n + 1), n, rate)
+        # The χ² approximation needs filled cells: the rest are pooled into one.
+        keep = expected > 5
+        pooled = [*observed[keep], *([observed[~keep].sum()] if (~keep).any() else [])]
+        pooled_expected = [*expected[keep], *([expected[~keep].sum()] if (~keep).any() else [])]
+        statistic = stats.chisquare(pooled, pooled_expected).statistic
+        assert stats.chi2.sf(statistic, len(pooled) - 1) > SIGNIFICANCE
+
+
+def test_a_count_is_cut_at_the_table_length():
+    n, rate, length, draws = 100, 0.2, 15, 20_000
+    table = jnp.asarray(binomial_thresholds(n, rate, length)[None])
+    keys = jax.random.split(jax.random.key(5), draws)
+    counts = np.asarray(jax.vmap(binomial_counts, in_axes=(0, None))(keys, table))[:, 0]
+    assert counts.max() == length
+    cut = stats.binom.sf(length - 1, n, rate)
+    assert abs(np.mean(counts == length) - cut) < 5 * np.sqrt(cut * (1 - cut) / draws)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 64])
+def test_counts_of_possible_records_stay_within_the_samplers_charged_variation(rows):
+    sampler = PoissonSampler.for_target(5000, 0.1, steps=10_000, epsilon=0.1, delta=1e-5)
+    length = sampler.count_length(rows)
+    cut = stats.binom.sf(length - 1, 5000, 0.1)  # at most any row's, whatever its n_u ≤ N
+    assert rows * (cut + binomial_rounding_variation(length)) <= sampler.step_variation
+    # ... and the table is no longer than that needs.
+    assert rows * stats.binom.sf(length - 2, 5000, 0.1) > sampler.overflow_probability

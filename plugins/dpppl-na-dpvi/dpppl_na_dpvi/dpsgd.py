@@ -7,14 +7,16 @@ sum: by default the snapped release (:func:`dpppl.plugin.snapped_gaussian_releas
 to a power-of-two grid g, exact discrete-Gaussian noise of std σ(C + g√d), every output exactly
 k·g), or N(0, σ²C²) float64 noise.  It divides the noisy sum by β and takes an SGD step with
 learning rate λ ⊙ β.  When the model allows only a few distinct records (binary or categorical
-observations without covariates), a step takes one gradient per possible record and counts it as
-often as its batch holds it: the same release, bit for bit, for a fraction of the work.  The whole loop runs under ``jax.lax.scan``, in chunks so that a progress
+observations without covariates), a step instead draws how many copies of each its batch holds,
+as independent Binomial(n_u, q) counts (the law of a Poisson batch grouped by value), and takes
+one gradient per possible record.  The whole loop runs under ``jax.lax.scan``, in chunks so that a progress
 bar can advance between them.  The noisy sums are the DP release; the noisy gradients and the
 parameter trace are computed from them and public settings.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -28,7 +30,8 @@ from dpppl.plugin import (
     GeometricTable,
     Progress,
     RecordModel,
-    batch_counts,
+    binomial_counts,
+    binomial_thresholds,
     clip_rows,
     gather,
     gaussian_noise,
@@ -93,25 +96,25 @@ def make_step(
     capacity: int,
     mc_draws: int,
     snapped: bool = False,
-    distinct: bool = False,
+    counted: bool = False,
 ):
     """One DP-SGD step ``step(phi, key, data, settings, grid) -> (new_phi, StepOutput)``.
 
     ``snapped`` (static) chooses the snapped release on the (traced) ``grid``; the float release
-    ignores ``grid``.  With ``distinct`` (static) ``data`` is a
-    :class:`~dpppl.plugin.DistinctRecords`: one gradient per distinct record, counted as often
-    as the batch holds it.
+    ignores ``grid``.  With ``counted`` (static) ``data`` is a :class:`CountedRecords`: the
+    step draws how many copies of each record its batch holds and takes one gradient per
+    record.
     """
     n = model.n_params
 
     def step(phi, key, data, settings: DPSGDSettings, grid=None):
         key_batch, key_eps, key_noise = jax.random.split(key, 3)
-        indices, mask = poisson_batch(
-            key_batch, settings.n_records, settings.gaps, capacity
-        )
-        if distinct:
-            batch, counts = data.rows, batch_counts(indices, mask, data.ends)
+        if counted:
+            batch, counts = data.rows, binomial_counts(key_batch, data.thresholds)
         else:
+            indices, mask = poisson_batch(
+                key_batch, settings.n_records, settings.gaps, capacity
+            )
             batch, counts = gather(data, indices), mask
         # Antithetic pairs (ε, −ε): the reparameterisation noise that is odd in ε cancels within
         # each record's gradient, which keeps per-record u-gradients small and rarely clipped.
@@ -143,11 +146,11 @@ def _chunk_runner(
     chunk: int,
     snapped: bool,
     replicates: bool,
-    distinct: bool = False,
+    counted: bool = False,
 ):
     """``chunk`` steps under ``jax.lax.scan``, jitted; with ``replicates``, vmapped over a leading
     replicate axis of the iterate, key, data and settings (the grid is shared)."""
-    step = make_step(model, capacity, mc_draws, snapped, distinct)
+    step = make_step(model, capacity, mc_draws, snapped, counted)
 
     def run(phi, key, data, settings, grid):
         keys = jax.random.split(key, chunk)
@@ -236,22 +239,41 @@ def _stack_settings(settings: Sequence[DPSGDSettings]) -> DPSGDSettings:
     return _stack([s._replace(gaps=None) for s in settings])._replace(gaps=shared)
 
 
-#: A step takes one gradient per possible record, counted as often as its batch holds it, when
-#: the model allows at most this fraction of the batch capacity in distinct records (binary or
-#: categorical observations without covariates: Beta–Bernoulli, 2 possible records against 665
-#: batch slots, 16 against 28 µs per replicate-step).
-DISTINCT_SHARE = 0.5
+class CountedRecords(NamedTuple):
+    """A data set for steps that count records: the records the model allows, and per record
+    the thresholds from which a step draws how many copies its batch holds
+    (:func:`~dpppl.plugin.binomial_thresholds`, (U, 2, L))."""
+
+    rows: dict
+    thresholds: np.ndarray | jax.Array
 
 
 def _device_data(
-    model: RecordModel, data: Sequence[Mapping[str, np.ndarray]], capacity: int
-) -> tuple[DistinctRecords | dict, bool]:
-    """The replicates' data sets stacked for the vmapped program, as copies of the records the
-    model allows (:class:`~dpppl.plugin.DistinctRecords`) when it allows few enough."""
-    rows = model.possible_records(limit=int(DISTINCT_SHARE * capacity))
-    if rows is None:
-        return _stack(data), False
-    return _stack([DistinctRecords.among(rows, dict(d)) for d in data]), True
+    model: RecordModel,
+    data: Sequence[Mapping[str, np.ndarray]],
+    rate: float,
+    count_length: int | None,
+) -> dict | CountedRecords:
+    """The replicates' data sets stacked for the vmapped program: as they are, or with
+    ``count_length`` as the counts of the records the model allows."""
+    if count_length is None:
+        return _stack(data)
+    rows = model.possible_records(limit=MAX_COUNTED_RECORDS)
+    counted = []
+    for one in data:
+        copies = np.diff(DistinctRecords.among(rows, dict(one)).ends, prepend=0)
+        thresholds = np.stack([_thresholds(int(n), rate, count_length) for n in copies])
+        counted.append(CountedRecords(rows, thresholds))
+    return _stack(counted)
+
+
+#: Most records the model may allow for steps that count them (the plan decides whether they do).
+MAX_COUNTED_RECORDS = 4096
+
+
+@functools.lru_cache(maxsize=4096)
+def _thresholds(n: int, rate: float, length: int) -> np.ndarray:
+    return binomial_thresholds(n, rate, length)
 
 
 def run_dpsgd_replicates(
@@ -269,6 +291,7 @@ def run_dpsgd_replicates(
     chunk: int = 250,
     vectorised: bool = True,
     anchored_steps: int = 0,
+    count_length: int | None = None,
 ) -> tuple[list[Trace], list[DPSGDSettings]]:
     """:func:`run_dpsgd` on R independent replicates at once, as one vmapped program.
 
@@ -290,23 +313,24 @@ def run_dpsgd_replicates(
     lengths = burn_in + free + anchored
     # (replicate, chunk): one key per chunk of each replicate, split as a single fit splits it.
     chunk_keys = jnp.stack([jax.random.split(key, len(lengths)) for key in keys])
-    device_data, distinct = _device_data(model, data, capacity)
-    if not vectorised:
-        device_data = jax.tree.map(lambda a: a[0], device_data)
+    counted = count_length is not None
     phi = jnp.asarray(phi0, dtype=jnp.float64)
     settings = [
         s.settings(np.asarray(p)[None], progress=0.0 if burn_in else 1.0)
         for s, p in zip(schedules, phi0, strict=True)
     ]
     stacked = _stack_settings(settings) if vectorised else None
+    device_data = _device_data(model, data, float(settings[0].gaps.rate), count_length)
+    if not vectorised:
+        device_data = jax.tree.map(lambda a: a[0], device_data)
     outputs: list[StepOutput] = []
     preconditioners = []
     with progress.task("DP-SGD", total=steps) as bar:
         for i, length in enumerate(lengths):
             run = model.cached(
-                ("na-dpvi", "dpsgd", capacity, mc_draws, length, snapped, vectorised, distinct),
+                ("na-dpvi", "dpsgd", capacity, mc_draws, length, snapped, vectorised, counted),
                 lambda length=length: _chunk_runner(
-                    model, capacity, mc_draws, length, snapped, vectorised, distinct
+                    model, capacity, mc_draws, length, snapped, vectorised, counted
                 ),
             )
             grid_value = grid if snapped else 0.0

@@ -50,6 +50,14 @@ from dpppl_na_dpvi.postprocess import (
     sample_nuts,
 )
 
+#: DP-SGD draws the count of every record the model allows instead of sampling a batch record by
+#: record when there are at most this fraction of the batch capacity of them (binary or
+#: categorical observations without covariates).  The counts have the law of a Poisson batch
+#: grouped by value, and a step then takes one gradient per possible record.
+DISTINCT_SHARE = 0.5
+#: Most possible records :meth:`NADPVI.check_model` enumerates.
+MAX_POSSIBLE_RECORDS = 4096
+
 #: Memory a vmapped batch of replicate fits may take (see :meth:`NADPVI.replicate_batch_size`).
 REPLICATE_MEMORY = 2**30
 #: Per-record gradient entries (capacity × Monte Carlo draws × 2n) of one DP-SGD step of a whole
@@ -301,6 +309,8 @@ class NADPVI(Mechanism):
 
     #: The model's number of parameters, recorded by :meth:`check_model` for :meth:`plan`.
     _n_params: int | None = None
+    #: How many records the model allows, when it alone makes them few (see :meth:`check_model`).
+    _n_possible: int | None = None
 
     # -- privacy ----------------------------------------------------------------------------------
 
@@ -309,12 +319,16 @@ class NADPVI(Mechanism):
         return NeighbourRelation(self.options.relation)
 
     def check_model(self, model: RecordModel) -> None:
-        """Record the model's size: the snapped release's grid and δ depend on its dimension.
+        """Record the model's size (the snapped release's grid and δ depend on its dimension)
+        and how many records it allows when they are few (DP-SGD then counts copies of each,
+        :func:`dpppl_na_dpvi.dpsgd.run_dpsgd_replicates`): both public.
 
         ``dpppl.engine.plan_fit`` calls this before :meth:`plan`, as it does for every
         mechanism.
         """
         self._n_params = model.n_params
+        rows = model.possible_records(limit=MAX_POSSIBLE_RECORDS)
+        self._n_possible = None if rows is None else len(next(iter(rows.values())))
 
     def privacy_event(self, *, n_records: int, noise_multiplier: float) -> PrivacyEvent:
         # noise_multiplier is relative to the clipping bound C under either relation; the event
@@ -328,6 +342,14 @@ class NADPVI(Mechanism):
         # settings; the accountant refines it.
         o = self.options
         return max(o.sampling_rate * math.sqrt(o.steps * math.log(1 / delta)) / epsilon, 0.5)
+
+    def _count_length(self, sampler: PoissonSampler) -> int | None:
+        """The length of the tables from which each step draws the count of every possible
+        record (:func:`dpppl.plugin.binomial_counts`), or None to sample the batch record by
+        record: counts need few possible records and fit within the sampler's charged δ."""
+        if self._n_possible is None or self._n_possible > DISTINCT_SHARE * sampler.capacity:
+            return None
+        return sampler.count_length(self._n_possible)
 
     def _sampler(self, n_records: int, epsilon: float, delta: float) -> PoissonSampler:
         o = self.options
@@ -379,6 +401,7 @@ class NADPVI(Mechanism):
             "sampling": "poisson",
             "sampling_rate": o.sampling_rate,
             "batch_capacity": sampler.capacity,
+            "count_length": self._count_length(sampler),
             "accountant_delta": accounted.delta,
             "truncation_delta": truncation,
             "noise": o.noise,
@@ -524,6 +547,7 @@ class NADPVI(Mechanism):
             [k[0] for k in keys],
             steps=o.steps,
             capacity=plan.details["batch_capacity"],
+            count_length=plan.details.get("count_length"),
             mc_draws=o.mc_draws,
             progress=progress,
             grid=grid,

@@ -11,8 +11,8 @@ import pytest
 from scipy import stats
 
 from dpppl import record_model
-from dpppl.plugin import DistinctRecords, GeometricTable, Progress
-from dpppl_na_dpvi.dpsgd import DPSGDSettings, make_step, run_dpsgd
+from dpppl.plugin import DistinctRecords, GeometricTable, Progress, binomial_thresholds
+from dpppl_na_dpvi.dpsgd import CountedRecords, DPSGDSettings, make_step, run_dpsgd
 from dpppl_na_dpvi.heuristics import StandardisedSchedule
 
 SIGNIFICANCE = 1e-6
@@ -115,24 +115,28 @@ def test_records_are_included_at_the_sampling_rate(model):
 
 
 @pytest.mark.parametrize("grid", [None, 2.0**-20], ids=["float", "snapped"])
-def test_a_step_on_distinct_records_releases_what_a_step_on_their_copies_releases(model, grid):
-    """One gradient per possible record, counted as often as the batch holds it: the snapped
-    release is the same bit for bit, the float one up to the order of its sum."""
-    rng = np.random.default_rng(4)
-    possible = {k: v[:6] for k, v in model.data().items()}  # the sixth is never used
-    picks = rng.integers(0, 5, size=200)
-    distinct = DistinctRecords.among(possible, {k: v[picks] for k, v in possible.items()})
-    copies = np.diff(distinct.ends, prepend=0)
-    # The data in the possible records' order: the positions a batch draws mean the same rows.
+def test_a_step_that_counts_records_releases_what_a_step_on_their_copies_releases(model, grid):
+    """At q = 1 every copy is in the batch: a step that takes one gradient per possible record
+    and counts its copies releases the sum a step over all the copies releases (snapped: bit for
+    bit; float: up to the order of the sum)."""
+    possible = {k: v[:6] for k, v in model.data().items()}  # the sixth has no copies
+    copies = np.array([40, 1, 0, 77, 12, 0])
+    distinct = DistinctRecords.among(
+        possible, {k: np.repeat(v, copies, axis=0) for k, v in possible.items()}
+    )
+    # The data in the possible records' order, as a step over all of them reads it.
     expanded = {k: jnp.asarray(np.repeat(v, copies, axis=0)) for k, v in possible.items()}
+    counted = CountedRecords(
+        jax.tree.map(jnp.asarray, possible),
+        jnp.asarray(np.stack([binomial_thresholds(int(n), 1.0, 80) for n in np.diff(distinct.ends, prepend=0)])),
+    )
     snapped = grid is not None
-    per_slot = jax.jit(make_step(model, capacity=80, mc_draws=4, snapped=snapped))
-    per_row = jax.jit(make_step(model, capacity=80, mc_draws=4, snapped=snapped, distinct=True))
-    noisy = settings(model, sigma=1.0, bound=0.5, rate=0.2, lr=0.01)._replace(n_records=200)
-    rows = jax.tree.map(jnp.asarray, distinct)
-    for seed in range(20):
-        a = per_slot(far_phi(model) / 8, jax.random.key(seed), expanded, noisy, grid)[1]
-        b = per_row(far_phi(model) / 8, jax.random.key(seed), rows, noisy, grid)[1]
+    per_slot = jax.jit(make_step(model, capacity=130, mc_draws=4, snapped=snapped))
+    per_row = jax.jit(make_step(model, capacity=130, mc_draws=4, snapped=snapped, counted=True))
+    every = settings(model, sigma=1.0, bound=0.5, rate=1.0, lr=0.01)._replace(n_records=130)
+    for seed in range(10):
+        a = per_slot(far_phi(model) / 8, jax.random.key(seed), expanded, every, grid)[1]
+        b = per_row(far_phi(model) / 8, jax.random.key(seed), counted, every, grid)[1]
         if snapped:
             np.testing.assert_array_equal(a.noisy_sum, b.noisy_sum)
         else:
