@@ -9,8 +9,8 @@ k·g), or N(0, σ²C²) float64 noise.  It divides the noisy sum by β and takes
 learning rate λ ⊙ β.  When the model allows only a few distinct records (binary or categorical
 observations without covariates), a step instead draws how many copies of each its batch holds,
 as independent Binomial(n_u, q) counts (the law of a Poisson batch grouped by value), and takes
-one gradient per possible record.  The whole loop runs under ``jax.lax.scan``, in chunks so that a progress
-bar can advance between them.  The noisy sums are the DP release; the noisy gradients and the
+one gradient per possible record.  The whole loop runs under ``jax.lax.scan``, in chunks so
+that a progress bar can advance between them.  The noisy sums are the DP release; the noisy gradients and the
 parameter trace are computed from them and public settings.
 """
 
@@ -239,12 +239,16 @@ def _stack_settings(settings: Sequence[DPSGDSettings]) -> DPSGDSettings:
     return _stack([s._replace(gaps=None) for s in settings])._replace(gaps=shared)
 
 
+#: Most records a model may allow for steps that count them (the plan decides whether they do).
+MAX_COUNTED_RECORDS = 4096
+
+
 class CountedRecords(NamedTuple):
     """A data set for steps that count records: the records the model allows, and per record
     the thresholds from which a step draws how many copies its batch holds
     (:func:`~dpppl.plugin.binomial_thresholds`, (U, 2, L))."""
 
-    rows: dict
+    rows: dict[str, np.ndarray | jax.Array]
     thresholds: np.ndarray | jax.Array
 
 
@@ -265,10 +269,6 @@ def _device_data(
         thresholds = np.stack([_thresholds(int(n), rate, count_length) for n in copies])
         counted.append(CountedRecords(rows, thresholds))
     return _stack(counted)
-
-
-#: Most records the model may allow for steps that count them (the plan decides whether they do).
-MAX_COUNTED_RECORDS = 4096
 
 
 @functools.lru_cache(maxsize=4096)

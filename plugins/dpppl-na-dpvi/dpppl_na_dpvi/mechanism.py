@@ -36,7 +36,13 @@ from dpppl.plugin import (
     prior_summary,
 )
 from dpppl_na_dpvi.convergence import drift_scores, drift_warning
-from dpppl_na_dpvi.dpsgd import DPSGDSettings, Trace, noise_std, run_dpsgd_replicates
+from dpppl_na_dpvi.dpsgd import (
+    MAX_COUNTED_RECORDS,
+    DPSGDSettings,
+    Trace,
+    noise_std,
+    run_dpsgd_replicates,
+)
 from dpppl_na_dpvi.heuristics import StandardisedSchedule, default_clipping_bound
 from dpppl_na_dpvi.postprocess import (
     MAX_FULL_CURVATURE,
@@ -55,8 +61,6 @@ from dpppl_na_dpvi.postprocess import (
 #: categorical observations without covariates).  The counts have the law of a Poisson batch
 #: grouped by value, and a step then takes one gradient per possible record.
 DISTINCT_SHARE = 0.5
-#: Most possible records :meth:`NADPVI.check_model` enumerates.
-MAX_POSSIBLE_RECORDS = 4096
 
 #: Memory a vmapped batch of replicate fits may take (see :meth:`NADPVI.replicate_batch_size`).
 REPLICATE_MEMORY = 2**30
@@ -327,7 +331,7 @@ class NADPVI(Mechanism):
         mechanism.
         """
         self._n_params = model.n_params
-        rows = model.possible_records(limit=MAX_POSSIBLE_RECORDS)
+        rows = model.possible_records(limit=MAX_COUNTED_RECORDS)
         self._n_possible = None if rows is None else len(next(iter(rows.values())))
 
     def privacy_event(self, *, n_records: int, noise_multiplier: float) -> PrivacyEvent:

@@ -65,6 +65,22 @@ def test_the_plan_is_the_dp_sgd_event_calibrated_below_target(model, noise):
                               relation=plan.relation) <= 0.5
 
 
+def test_a_binary_model_counts_its_records_and_a_regression_samples_them(model):
+    """The plan decides from the model alone (public): a Bernoulli model allows two records,
+    so each step draws their counts from tables of the plan's ``count_length``; a model with
+    covariates samples its batch record by record, whatever its data hold."""
+    accountant = get_accountant("rdp")()
+    binary = get_mechanism("na-dpvi")(steps=1000)
+    binary.check_model(dpppl.record_model(model))
+    plan = binary.plan(n_records=2000, epsilon=0.5, delta=1e-5, accountant=accountant)
+    assert plan.details["count_length"] > plan.details["batch_capacity"]
+    regression = get_mechanism("na-dpvi")(steps=1000)
+    logistic = example_models()["logistic_regression"](np.random.default_rng(0))
+    regression.check_model(dpppl.record_model(logistic))
+    plan = regression.plan(n_records=2000, epsilon=0.5, delta=1e-5, accountant=accountant)
+    assert plan.details["count_length"] is None
+
+
 def test_replace_one_neighbours_are_accounted_by_pld_with_twice_the_sensitivity(model):
     """The rigorous option when N must be public: neighbours of equal size."""
     add_remove = sample(model)
