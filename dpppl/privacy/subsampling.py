@@ -305,10 +305,16 @@ class DistinctRecords(NamedTuple):
 
 
 def _record_bytes(data: Any) -> tuple[np.ndarray, int]:
-    """Each record of ``data`` as one row of bytes, and the number of records."""
-    arrays = [np.ascontiguousarray(leaf) for leaf in jax.tree.leaves(data)]
+    """Each record of ``data`` as one row of bytes, and the number of records (−0.0 read as
+    0.0, which it equals)."""
+    arrays = [np.ascontiguousarray(_zero_signed(leaf)) for leaf in jax.tree.leaves(data)]
     n = arrays[0].shape[0]
     return np.concatenate([a.reshape(n, -1).view(np.uint8).reshape(n, -1) for a in arrays], 1), n
+
+
+def _zero_signed(array: Any) -> np.ndarray:
+    array = np.asarray(array)
+    return array + 0.0 if array.dtype.kind == "f" else array
 
 
 def binomial_thresholds(n: int, rate: float, length: int) -> np.ndarray:

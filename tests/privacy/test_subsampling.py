@@ -189,6 +189,11 @@ def test_a_data_set_is_counted_as_copies_of_its_possible_records():
     assert np.diff(distinct.ends, prepend=0).tolist() == [3, 2, 1, 0]
 
 
+def test_a_negative_zero_is_the_record_zero():
+    distinct = DistinctRecords.among({"y": np.array([0.0, 1.0])}, {"y": np.array([-0.0, 1.0, 0.0])})
+    assert np.diff(distinct.ends, prepend=0).tolist() == [2, 1]
+
+
 def test_a_record_that_is_none_of_the_possible_ones_is_refused_without_saying_which():
     with pytest.raises(ValueError, match="none of the possible records") as refused:
         DistinctRecords.among({"y": np.array([0, 1])}, {"y": np.array([0, 1, 7, 1])})
