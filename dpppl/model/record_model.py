@@ -530,10 +530,7 @@ class RecordModel:
             support = None if rv is None else finite_support(rv)
             if support is None:
                 return None
-            size = math.prod(variable.trailing_shape)
-            if len(support) ** size > limit:
-                return None
-            choices += [(variable, support)] * size
+            choices += [(variable, support)] * math.prod(variable.trailing_shape)
         if math.prod(len(support) for _, support in choices) > limit:
             return None
         grids = np.meshgrid(*(support for _, support in choices), indexing="ij")

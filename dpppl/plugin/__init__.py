@@ -69,11 +69,11 @@ __getattr__, __dir__, _lazy = lazy_exports(
         ],
         "dpppl.privacy.noise_calibration": ["calibrate_noise_multiplier"],
         "dpppl.privacy.subsampling": [
-            "DistinctRecords",
             "GeometricTable",
             "PoissonSampler",
             "binomial_counts",
             "binomial_thresholds",
+            "copies_of",
             "gather",
             "poisson_batch",
         ],

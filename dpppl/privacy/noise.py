@@ -406,7 +406,7 @@ def snapped_gaussian_release(
     counts
         How many records each row stands for, shape (n,) (None: one each).  A row is rounded
         once and then counted, so the release is the one its records, rounded one by one,
-        would give (see :class:`~dpppl.privacy.subsampling.DistinctRecords`).
+        would give (see :func:`~dpppl.privacy.subsampling.copies_of`).
 
     Returns
     -------

@@ -264,44 +264,31 @@ def gather(data: Any, indices: jax.Array) -> Any:
     return jax.tree.map(lambda a: a[indices], data)
 
 
-class DistinctRecords(NamedTuple):
-    """A data set as copies of a few possible records.
+def copies_of(rows: Any, data: Any) -> np.ndarray:
+    """How many copies of each of ``rows`` ``data`` holds, shape (U,) int64.
 
-    Think of the data sorted so that the copies of a record sit together: the copies of row u
-    of ``rows`` then occupy positions ``ends[u − 1]`` to ``ends[u] − 1`` (``ends[−1]`` read as
-    0).  A Poisson batch holds each record with probability q independently, so the number of
-    copies of row u it holds is Binomial(ends[u] − ends[u − 1], q), independently of the other
-    rows (:func:`binomial_counts` draws it).  Identical records have identical clipped
-    gradients, so a step can take one gradient per row and weight it by its count: on binary or
-    categorical data, a few rows instead of the ~qN records of a batch.
+    ``data`` is a pytree of arrays with a leading record axis, ``rows`` the same pytree with one
+    entry per possible record; they should be public (the records a model allows,
+    :meth:`~dpppl.model.record_model.RecordModel.possible_records`), so that the shapes of the
+    programs that use them, and with them the compilation cache, say nothing about the data.
+    A Poisson batch holds each record with probability q independently, so it holds
+    Binomial(copies[u], q) copies of row u, independently of the other rows
+    (:func:`binomial_counts` draws them); identical records have identical clipped gradients,
+    so a step can take one gradient per row and weight it by its count.
 
-    The rows should be public (the records a model allows,
-    :meth:`~dpppl.model.record_model.RecordModel.possible_records`): a program's shapes, and
-    with them the compilation cache, then say nothing about the data.
+    Raises
+    ------
+    ValueError
+        If a record of ``data`` is none of ``rows`` (which record is not said).
     """
-
-    rows: Any  # a pytree like the data, one entry per possible record (U along the first axis)
-    ends: np.ndarray  # (U,) int64, non-decreasing, the last = N
-
-    @classmethod
-    def among(cls, rows: Any, data: Any) -> DistinctRecords:
-        """``data`` (a pytree of arrays with a leading record axis) as copies of ``rows`` (the
-        same pytree, one entry per possible record).
-
-        Raises
-        ------
-        ValueError
-            If a record of ``data`` is none of ``rows`` (which record is not said).
-        """
-        row_bytes, n_rows = _record_bytes(rows)
-        data_bytes, _ = _record_bytes(data)
-        position = {row.tobytes(): i for i, row in enumerate(row_bytes)}
-        distinct, inverse = np.unique(data_bytes, axis=0, return_inverse=True)
-        found = [position.get(row.tobytes()) for row in distinct]
-        if None in found:
-            raise ValueError("the data hold a record that is none of the possible records")
-        copies = np.bincount(np.asarray(found)[inverse.ravel()], minlength=n_rows)
-        return cls(rows=rows, ends=np.cumsum(copies).astype(np.int64))
+    row_bytes, n_rows = _record_bytes(rows)
+    data_bytes, _ = _record_bytes(data)
+    position = {row.tobytes(): i for i, row in enumerate(row_bytes)}
+    distinct, inverse = np.unique(data_bytes, axis=0, return_inverse=True)
+    found = [position.get(row.tobytes()) for row in distinct]
+    if None in found:
+        raise ValueError("the data hold a record that is none of the possible records")
+    return np.bincount(np.asarray(found)[inverse.ravel()], minlength=n_rows).astype(np.int64)
 
 
 def _record_bytes(data: Any) -> tuple[np.ndarray, int]:
@@ -317,6 +304,7 @@ def _zero_signed(array: Any) -> np.ndarray:
     return array + 0.0 if array.dtype.kind == "f" else array
 
 
+@functools.lru_cache(maxsize=1024)
 def binomial_thresholds(n: int, rate: float, length: int) -> np.ndarray:
     """The integers T_k ≈ F(k) · 2¹²⁸ for k = 0 … ``length`` − 1, F the distribution function of
     Binomial(n, ``rate``), as a (2, length) uint64 array: the high words, then the low words.

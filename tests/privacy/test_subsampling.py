@@ -15,12 +15,12 @@ from scipy import stats
 
 from dpppl.privacy.budget import total_variation_delta
 from dpppl.privacy.subsampling import (
-    DistinctRecords,
     GeometricTable,
     PoissonSampler,
     binomial_counts,
     binomial_rounding_variation,
     binomial_thresholds,
+    copies_of,
     gather,
     geometric_rounding_variation,
     geometric_thresholds,
@@ -183,20 +183,18 @@ def test_gather_takes_the_same_rows_of_every_array():
 def test_a_data_set_is_counted_as_copies_of_its_possible_records():
     rows = {"x": np.array([1.0, 2.0, 1.0, 2.0]), "group": np.array([0, 0, 1, 1])}
     data = {"x": np.array([1.0, 2.0, 1.0, 1.0, 2.0, 1.0]), "group": np.array([0, 0, 0, 1, 0, 0])}
-    distinct = DistinctRecords.among(rows, data)
-    assert distinct.rows is rows
     # (1, 0) three times, (2, 0) twice, (1, 1) once, (2, 1) never.
-    assert np.diff(distinct.ends, prepend=0).tolist() == [3, 2, 1, 0]
+    assert copies_of(rows, data).tolist() == [3, 2, 1, 0]
 
 
 def test_a_negative_zero_is_the_record_zero():
-    distinct = DistinctRecords.among({"y": np.array([0.0, 1.0])}, {"y": np.array([-0.0, 1.0, 0.0])})
-    assert np.diff(distinct.ends, prepend=0).tolist() == [2, 1]
+    copies = copies_of({"y": np.array([0.0, 1.0])}, {"y": np.array([-0.0, 1.0, 0.0])})
+    assert copies.tolist() == [2, 1]
 
 
 def test_a_record_that_is_none_of_the_possible_ones_is_refused_without_saying_which():
     with pytest.raises(ValueError, match="none of the possible records") as refused:
-        DistinctRecords.among({"y": np.array([0, 1])}, {"y": np.array([0, 1, 7, 1])})
+        copies_of({"y": np.array([0, 1])}, {"y": np.array([0, 1, 7, 1])})
     assert "7" not in str(refused.value)
 
 

@@ -10,13 +10,12 @@ learning rate λ ⊙ β.  When the model allows only a few distinct records (bin
 observations without covariates), a step instead draws how many copies of each its batch holds,
 as independent Binomial(n_u, q) counts (the law of a Poisson batch grouped by value), and takes
 one gradient per possible record.  The whole loop runs under ``jax.lax.scan``, in chunks so
-that a progress bar can advance between them.  The noisy sums are the DP release; the noisy gradients and the
-parameter trace are computed from them and public settings.
+that a progress bar can advance between them.  The noisy sums are the DP release; the noisy
+gradients and the parameter trace are computed from them and public settings.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -26,13 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpppl.plugin import (
-    DistinctRecords,
     GeometricTable,
     Progress,
     RecordModel,
     binomial_counts,
     binomial_thresholds,
     clip_rows,
+    copies_of,
     gather,
     gaussian_noise,
     poisson_batch,
@@ -265,15 +264,10 @@ def _device_data(
     rows = model.possible_records(limit=MAX_COUNTED_RECORDS)
     counted = []
     for one in data:
-        copies = np.diff(DistinctRecords.among(rows, dict(one)).ends, prepend=0)
-        thresholds = np.stack([_thresholds(int(n), rate, count_length) for n in copies])
+        copies = copies_of(rows, dict(one))
+        thresholds = np.stack([binomial_thresholds(int(n), rate, count_length) for n in copies])
         counted.append(CountedRecords(rows, thresholds))
     return _stack(counted)
-
-
-@functools.lru_cache(maxsize=4096)
-def _thresholds(n: int, rate: float, length: int) -> np.ndarray:
-    return binomial_thresholds(n, rate, length)
 
 
 def run_dpsgd_replicates(

@@ -60,7 +60,7 @@ from dpppl_na_dpvi.postprocess import (
 #: record when there are at most this fraction of the batch capacity of them (binary or
 #: categorical observations without covariates).  The counts have the law of a Poisson batch
 #: grouped by value, and a step then takes one gradient per possible record.
-DISTINCT_SHARE = 0.5
+COUNTED_SHARE = 0.5
 
 #: Memory a vmapped batch of replicate fits may take (see :meth:`NADPVI.replicate_batch_size`).
 REPLICATE_MEMORY = 2**30
@@ -351,7 +351,7 @@ class NADPVI(Mechanism):
         """The length of the tables from which each step draws the count of every possible
         record (:func:`dpppl.plugin.binomial_counts`), or None to sample the batch record by
         record: counts need few possible records and fit within the sampler's charged δ."""
-        if self._n_possible is None or self._n_possible > DISTINCT_SHARE * sampler.capacity:
+        if self._n_possible is None or self._n_possible > COUNTED_SHARE * sampler.capacity:
             return None
         return sampler.count_length(self._n_possible)
 

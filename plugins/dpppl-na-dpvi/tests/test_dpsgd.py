@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from dpppl import record_model
-from dpppl.plugin import DistinctRecords, GeometricTable, Progress, binomial_thresholds
+from dpppl.plugin import GeometricTable, Progress, binomial_thresholds, copies_of
 from dpppl_na_dpvi.dpsgd import CountedRecords, DPSGDSettings, make_step, run_dpsgd
 from dpppl_na_dpvi.heuristics import StandardisedSchedule
 
@@ -121,15 +121,11 @@ def test_a_step_that_counts_records_releases_what_a_step_on_their_copies_release
     bit; float: up to the order of the sum)."""
     possible = {k: v[:6] for k, v in model.data().items()}  # the sixth has no copies
     copies = np.array([40, 1, 0, 77, 12, 0])
-    distinct = DistinctRecords.among(
-        possible, {k: np.repeat(v, copies, axis=0) for k, v in possible.items()}
-    )
     # The data in the possible records' order, as a step over all of them reads it.
-    expanded = {k: jnp.asarray(np.repeat(v, copies, axis=0)) for k, v in possible.items()}
-    counted = CountedRecords(
-        jax.tree.map(jnp.asarray, possible),
-        jnp.asarray(np.stack([binomial_thresholds(int(n), 1.0, 80) for n in np.diff(distinct.ends, prepend=0)])),
-    )
+    expanded = {k: np.repeat(v, copies, axis=0) for k, v in possible.items()}
+    thresholds = [binomial_thresholds(int(n), 1.0, 80) for n in copies_of(possible, expanded)]
+    counted = CountedRecords(jax.tree.map(jnp.asarray, possible), jnp.asarray(np.stack(thresholds)))
+    expanded = jax.tree.map(jnp.asarray, expanded)
     snapped = grid is not None
     per_slot = jax.jit(make_step(model, capacity=130, mc_draws=4, snapped=snapped))
     per_row = jax.jit(make_step(model, capacity=130, mc_draws=4, snapped=snapped, counted=True))
