@@ -173,7 +173,8 @@ def tarp(
     xarray.Dataset
         The output of :func:`dpppl.diagnostics.tarp_coverage` (variables ``ecp``,
         ``coverage_error``, ``rmse``, their ``marginal_*`` versions and the ball masses, with
-        dims ``repeat``, ``alpha``, ``parameter``, ``simulation``), plus ``fit_warnings``
+        dims ``repeat``, ``alpha``, ``parameter``, ``simulation``; and ``interval_coverage``,
+        how often each parameter's central credible intervals held the truth), plus ``fit_warnings``
         (dim ``simulation``: what each fit warned of, one message per line, empty where it did
         not; the study itself warns once, naming the first), with attributes recording the
         study's settings (mechanism, options, ε, δ, N, K, S, seed), ``fits_with_warnings``,

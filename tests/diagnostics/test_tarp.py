@@ -99,6 +99,45 @@ def test_miscalibrated_posterior_is_detected(conjugate, case):
     assert (tarp["marginal_rmse"].mean("repeat") > 3 * exact["marginal_rmse"].mean("repeat")).all()
 
 
+def test_central_intervals_of_an_exact_posterior_hold_the_truth_at_their_level(conjugate):
+    n_sims, n_draws, _ = conjugate.noise.shape
+    tarp = tarp_coverage(conjugate.samples(), conjugate.truth, random_seed=1)
+    # K·coverage is binomial(K, 1 − α) at each level, up to the 1/S of the draws' grid.
+    error = tarp["interval_coverage"] - tarp["credibility"]
+    bands = xr.DataArray(
+        [binomial_band(a, n_sims, n_draws) for a in DEFAULT_ALPHA], coords={"alpha": DEFAULT_ALPHA}
+    )
+    assert (abs(error) < bands).all()
+    assert (tarp["interval_rmse"] < ks_bound(n_sims, n_draws)).all()
+    # The ranks are uniform: mean 1/2 within four standard errors √(1/12K) per parameter.
+    assert (abs(tarp["marginal_rank"].mean("simulation") - 0.5) < 4 * np.sqrt(1 / 12 / n_sims)).all()
+
+
+def test_central_intervals_see_a_heavy_tailed_over_dispersed_posterior(conjugate):
+    # Draws from a Student t with 2 degrees of freedom around the exact mean, scaled so that
+    # half the draws lie within the exact posterior's 0.67 sd: the central 50 % interval is about
+    # as wide as the exact one, the 90 % interval about 2.2 times as wide.  TARP with references
+    # near the posterior reads this as nearly calibrated (its f_k is about 1/2 whatever the
+    # tails); the 90 % intervals hold the truth nearly always.
+    n_sims, n_draws, n_params = conjugate.noise.shape
+    rng = np.random.default_rng(5)
+    t = rng.standard_t(2, size=(n_sims, n_draws, n_params)) * (0.674 / 0.816)
+    samples = conjugate.post_mean[:, np.newaxis, :] + conjugate.post_sd * t
+    tarp = tarp_coverage(samples, conjugate.truth, random_seed=1)
+    assert (tarp["marginal_rmse"].mean("repeat") < ks_bound(n_sims, n_draws)).all()
+    held = tarp["interval_coverage"]
+    assert (abs(held.sel(alpha=0.5) - 0.5) < binomial_band(0.5, n_sims, n_draws)).all()
+    assert (held.sel(alpha=0.1) > 0.9 + binomial_band(0.1, n_sims, n_draws)).all()
+
+
+def test_ranks_count_ties_half():
+    draws = np.array([[[0.0], [1.0], [1.0], [2.0]]])
+    tarp = tarp_coverage(draws, np.array([[1.0]]), n_repeats=1, random_seed=0)
+    assert float(tarp["marginal_rank"].squeeze()) == (1 + 0.5 * 2) / 4
+    # A truth at the median lies inside every central interval that has positive width.
+    assert (tarp["interval_coverage"].sel(alpha=tarp["alpha"] < 0.999) == 1).all()
+
+
 def test_one_dimension_marginal_equals_joint(make_conjugate):
     draws = make_conjugate(80, 300, 1, seed=3)
     for metric in ("euclidean", "manhattan"):
@@ -261,6 +300,10 @@ def test_dataset_layout_and_summary(small_conjugate):
     assert len(lines) == 5 and "20 reference repeat(s)" in lines[0]
     assert lines[1].split()[0] == "joint" and f"{float(tarp['rmse'].mean()):.4f}" in lines[1]
     assert [line.split()[0] for line in lines[2:]] == names
+    held = tarp["interval_coverage"].sel(parameter="mu")
+    assert lines[2].endswith(
+        f"{float(held.sel(alpha=0.5)):.2f} / {float(held.sel(alpha=0.1)):.2f}"
+    )
 
 
 def test_netcdf_round_trip(tmp_path, small_conjugate):
