@@ -46,6 +46,7 @@ from dpppl.model.record_structure import (
     find_records,
     finite_support,
     pymc_model,
+    value_of,
 )
 
 Batch = Mapping[str, jax.Array]
@@ -420,8 +421,11 @@ class RecordModel:
         resized = []
         for rv in self.structure.observed:
             # The observed variable's size is N (from the data or the dims); give it the batch's.
+            # Its other batch sizes are the model's, taken as numbers: symbolically they are read
+            # off the observed array, which a simulated data set does not have yet.
             ndim_batch = rv.type.ndim - getattr(rv.owner.op, "ndim_supp", 0)
-            new_size = [batch_size] + [rv.shape[i] for i in range(1, ndim_batch)]
+            trailing = np.shape(value_of(self.model.rvs_to_values[rv]))[1:ndim_batch]
+            new_size = [batch_size, *trailing]
             resized.append(change_dist_size(rv, new_size=new_size, expand=False))
         return resized
 

@@ -92,7 +92,9 @@ class RecordStructure:
         return {v.name: v.value() for v in self.variables}
 
 
-def _value_of(variable: Variable) -> np.ndarray:
+def value_of(variable: Variable) -> np.ndarray:
+    """The array a model variable holds now: a ``pm.Data``, a numpy constant, or an expression of
+    them (private data: read it for its shape or to fit, never log or return it)."""
     if isinstance(variable, SharedVariable):
         return np.asarray(variable.get_value(borrow=True))
     if isinstance(variable, Constant):
@@ -139,7 +141,7 @@ def _record_dimension(
     observed = model.observed_RVs
     leading: list[tuple[str, str | None, int]] = []
     for rv in observed:
-        value = _value_of(model.rvs_to_values[rv])
+        value = value_of(model.rvs_to_values[rv])
         ndim_supp = getattr(rv.owner.op, "ndim_supp", 0)
         if value.ndim == 0 or value.ndim - ndim_supp < 1:
             raise ModelNotSupportedError(
@@ -195,7 +197,7 @@ def _is_record_array(model: pm.Model, variable: Variable, dim: str | None, n: in
     dims = model.named_vars_to_dims.get(variable.name) if variable.name else None
     if dims and dim is not None and model.named_vars.get(variable.name) is variable:
         return dims[0] == dim
-    return _value_of(variable).shape[0] == n
+    return value_of(variable).shape[0] == n
 
 
 def _check_finite(name: str, value: np.ndarray) -> None:
@@ -308,7 +310,7 @@ def find_records(model: pm.Model, records: str | None = None) -> RecordStructure
         else:
             name = f"covariate_{constants}"
             constants += 1
-        value = _value_of(var)
+        value = value_of(var)
         variables.append(RecordVariable(name, var, value.shape[1:], str(value.dtype)))
     for rv in observed:
         value_var = model.rvs_to_values[rv]
@@ -326,14 +328,14 @@ def find_records(model: pm.Model, records: str | None = None) -> RecordStructure
             if root in seen:
                 continue
             seen.add(root)
-            value = _value_of(root)
+            value = value_of(root)
             name = root.name if isinstance(root, SharedVariable) and root.name else rv.name
             variables.append(RecordVariable(name, root, value.shape[1:], str(value.dtype)))
     for variable in variables:
         _check_finite(variable.name, variable.value())
     for rv in observed:
         if model.rvs_to_values[rv].owner is None:
-            _check_support(rv, _value_of(model.rvs_to_values[rv]))
+            _check_support(rv, value_of(model.rvs_to_values[rv]))
 
     dim_length = model.dim_lengths.get(dim) if dim is not None else None
     record_roots = {v.variable for v in variables} | ({dim_length} if dim_length is not None else set())

@@ -107,6 +107,28 @@ def test_a_model_without_covariates_takes_the_number_of_records(models):
         sim.data(theta, np.random.SeedSequence(0))
 
 
+@pytest.mark.parametrize("holder", ["numpy", "pm.Data"])
+@pytest.mark.parametrize("likelihood", ["Normal", "MvNormal"])
+def test_records_with_several_values_are_simulated_in_their_shape(holder, likelihood):
+    # Each record holds a pair, from two independent normals or one bivariate normal: the
+    # simulated pairs have the model's shape and the likelihood's means and scale.
+    observed = np.zeros((50, 2))
+    with pm.Model() as model:
+        mu = pm.Normal("mu", [-3.0, 3.0], 0.01, shape=2)
+        values = pm.Data("y_data", observed) if holder == "pm.Data" else observed
+        if likelihood == "Normal":
+            pm.Normal("y", mu, 0.5, observed=values)
+        else:
+            pm.MvNormal("y", mu, 0.25 * np.eye(2), observed=values)
+    sim = simulator(record_model(model))
+    draw = sim.prior(np.random.SeedSequence(0))
+    [name] = sim.observed_names
+    data = sim.data(draw.theta, np.random.SeedSequence(1), n_records=4000)[name]
+    assert data.shape == (4000, 2)
+    np.testing.assert_allclose(data.mean(axis=0), draw.values["mu"], atol=4 * 0.5 / np.sqrt(4000))
+    np.testing.assert_allclose(data.std(axis=0), 0.5, rtol=0.05)
+
+
 def test_covariates_must_fit_the_model(models):
     sim = simulator(record_model(models["logistic_regression"]))
     theta = np.zeros(3)
