@@ -29,6 +29,8 @@ from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors
+from pytensor.scalar import Cast
+from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
 from dpppl.errors import InvalidDataError, ModelNotSupportedError
@@ -90,6 +92,14 @@ class RecordStructure:
     def data(self) -> dict[str, np.ndarray]:
         """The model's own record arrays, by name (the private data set)."""
         return {v.name: v.value() for v in self.variables}
+
+
+def uncast(variable: Variable) -> Variable:
+    """The data behind PyMC's cast of an observed ``pm.Data`` to an integer likelihood's dtype."""
+    owner = variable.owner
+    if owner is not None and isinstance(owner.op, Elemwise) and isinstance(owner.op.scalar_op, Cast):
+        return owner.inputs[0]
+    return variable
 
 
 def value_of(variable: Variable) -> np.ndarray:
@@ -226,14 +236,85 @@ def finite_support(rv: Variable) -> np.ndarray | None:
     return None
 
 
-def _check_support(rv: Variable, value: np.ndarray) -> None:
+#: Likelihoods whose observations cannot be negative whatever the parameters (which of them
+#: also exclude 0 depends on the parameters, so only negative values are refused).
+NON_NEGATIVE = frozenset(
+    {
+        "PoissonRV",
+        "NegBinomialRV",
+        "ExponentialRV",
+        "GammaRV",
+        "InvGammaRV",
+        "LogNormalRV",
+        "HalfNormalRV",
+        "HalfCauchyRV",
+        "HalfStudentTRV",
+        "WeibullRV",
+        "ChiSquareRV",
+        "WaldRV",
+    }
+)
+
+
+def _support_bounds(rv: Variable) -> tuple[object, object, str]:
+    """Bounds every observation of ``rv`` lies within whatever the free parameters are: numbers,
+    model expressions (evaluated when they do not depend on a free parameter) or None; and how
+    to say them without their values, which may come from private covariates."""
+    op = rv.owner.op
+    name = type(op).__name__
+    params = op.dist_params(rv.owner) if hasattr(op, "dist_params") else ()
+    if name in ("BinomialRV", "BetaBinomialRV"):
+        return 0, params[0], "from 0 to its number of trials n"
+    if name == "DiscreteUniformRV":
+        return params[0], params[1], "from its lower to its upper bound"
+    if name == "GeometricRV":
+        return 1, None, "from 1 up"
+    if name == "BetaRV":
+        return 0, 1, "from 0 to 1"
+    if name in NON_NEGATIVE:
+        return 0, None, "from 0 up"
+    return None, None, ""
+
+
+def _bound_value(model: pm.Model, bound: object) -> np.ndarray | None:
+    """A bound as numbers, or None where there is none or it depends on a free parameter."""
+    if bound is None or not isinstance(bound, Variable):
+        return None if bound is None else np.asarray(bound)
+    if set(ancestors([bound])) & set(model.free_RVs):
+        return None
+    return np.asarray(bound.eval())
+
+
+def _check_support(model: pm.Model, rv: Variable, value: np.ndarray) -> None:
+    """Refuse observations that ``rv``'s likelihood gives probability 0 for every value of the
+    parameters: they would add nothing to the fit but silently drop out of it.  ``value`` is the
+    record array as held, before any cast PyMC applies to an integer likelihood (which would turn
+    2.5 into 2)."""
+    likelihood = type(rv.owner.op).__name__.removesuffix("RV")
+    advice = (
+        "; recode or remove those records before fitting (dpppl does not say which records: "
+        "that would leak them)"
+    )
     support = finite_support(rv)
     if support is not None and not np.isin(value, support).all():
         raise InvalidDataError(
-            f"observed variable {rv.name!r} holds values its {type(rv.owner.op).__name__[:-2]} "
-            f"likelihood gives probability 0 (it allows {support.min()} to {support.max()}); "
-            "recode or remove those records before fitting (dpppl does not say which records: "
-            "that would leak them)"
+            f"observed variable {rv.name!r} holds values its {likelihood} likelihood gives "
+            f"probability 0 (it allows {support.min()} to {support.max()})" + advice
+        )
+    if rv.type.dtype.startswith(("int", "uint")) and not np.array_equal(value, np.round(value)):
+        raise InvalidDataError(
+            f"observed variable {rv.name!r} holds values that are not whole numbers, which its "
+            f"{likelihood} likelihood counts" + advice
+        )
+    lower, upper, allowed = _support_bounds(rv)
+    lower, upper = _bound_value(model, lower), _bound_value(model, upper)
+    outside = (lower is not None and np.any(value < lower)) or (
+        upper is not None and np.any(value > upper)
+    )
+    if outside:
+        raise InvalidDataError(
+            f"observed variable {rv.name!r} holds values its {likelihood} likelihood gives "
+            f"probability 0 (it allows values {allowed})" + advice
         )
 
 
@@ -334,8 +415,7 @@ def find_records(model: pm.Model, records: str | None = None) -> RecordStructure
     for variable in variables:
         _check_finite(variable.name, variable.value())
     for rv in observed:
-        if model.rvs_to_values[rv].owner is None:
-            _check_support(rv, value_of(model.rvs_to_values[rv]))
+        _check_support(model, rv, value_of(uncast(model.rvs_to_values[rv])))
 
     dim_length = model.dim_lengths.get(dim) if dim is not None else None
     record_roots = {v.variable for v in variables} | ({dim_length} if dim_length is not None else set())

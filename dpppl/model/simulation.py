@@ -28,12 +28,11 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors, graph_inputs
-from pytensor.scalar import Cast
-from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.random.type import RandomGeneratorType
 
 from dpppl.errors import InvalidDataError, ModelNotSupportedError
 from dpppl.model.record_model import RecordModel
+from dpppl.model.record_structure import uncast
 
 _CACHE_KEY = "dpppl.model.simulation.Simulator"
 
@@ -122,19 +121,14 @@ class Simulator:
 
     def _record_array_of(self, rv: Variable):
         """The record array that holds the observations of ``rv``."""
-        value = self.model.model.rvs_to_values[rv]
+        # PyMC casts a float pm.Data observed by an integer distribution; the cast is the one
+        # expression of data a simulated value can be written back through.
+        value = uncast(self.model.model.rvs_to_values[rv])
         if value.owner is not None:
-            # PyMC casts a float pm.Data observed by an integer distribution; the cast is the one
-            # expression of data a simulated value can be written back through.
-            is_cast = isinstance(value.owner.op, Elemwise) and isinstance(
-                value.owner.op.scalar_op, Cast
+            raise ModelNotSupportedError(
+                f"the observed values of {rv.name!r} are an expression of data; dpppl can "
+                "simulate only observations held as they are in pm.Data or a numpy array"
             )
-            if not is_cast:
-                raise ModelNotSupportedError(
-                    f"the observed values of {rv.name!r} are an expression of data; dpppl can "
-                    "simulate only observations held as they are in pm.Data or a numpy array"
-                )
-            value = value.owner.inputs[0]
         for variable in self.model.structure.variables:
             if variable.variable is value:
                 return variable

@@ -173,3 +173,55 @@ def test_observations_outside_a_finite_support_are_refused_without_saying_which(
     with pytest.raises(InvalidDataError, match="'y' holds values .* probability 0") as error:
         find_records(model)
     assert "5" not in str(error.value) and "3 " not in str(error.value)
+
+
+def _counts_model(likelihood: str, y) -> pm.Model:
+    with pm.Model() as model:
+        p = pm.Beta("p", 2, 2)
+        values = pm.Data("y_data", y)
+        if likelihood == "poisson":
+            pm.Poisson("y", pm.Gamma("rate", 2, 1), observed=values)
+        elif likelihood == "binomial":
+            pm.Binomial("y", n=pm.Data("trials", np.full(len(y), 5)), p=p, observed=values)
+        elif likelihood == "geometric":
+            pm.Geometric("y", p=p, observed=values)
+        elif likelihood == "discrete uniform":
+            pm.DiscreteUniform("y", 0, 4, observed=values)
+        elif likelihood == "exponential":
+            pm.Exponential("y", pm.Gamma("rate", 2, 1), observed=values)
+        else:
+            pm.Beta("y", p * 4, 2, observed=values)
+    return model
+
+
+# Each likelihood with two data sets that hold an observation it gives probability 0 whatever the
+# parameters (different values at different records), and one with observations on the edges of
+# what it allows.
+OUTSIDE_SUPPORT = {
+    "poisson": ([0.0, 3.0, -1.0], [-7.0, 3.0, 0.0], [0.0, 7.0]),
+    # 5 trials per record, from pm.Data (a covariate, so the message must not show it either)
+    "binomial": ([0.0, 6.0, 2.0], [9.0, 1.0, 2.0], [0.0, 5.0]),
+    "geometric": ([1.0, 0.0], [-3.0, 2.0], [1.0, 9.0]),
+    "discrete uniform": ([0.0, 5.0], [-1.0, 2.0], [0.0, 4.0]),
+    "exponential": ([0.5, -0.1], [-2.0, 1.0], [0.0, 3.0]),
+    "beta": ([0.5, 1.2], [-0.5, 0.5], [0.0, 1.0]),
+}
+
+
+@pytest.mark.parametrize("likelihood", OUTSIDE_SUPPORT)
+def test_observations_no_parameter_makes_possible_are_refused_without_saying_which(likelihood):
+    *outside, edges = OUTSIDE_SUPPORT[likelihood]
+    messages = set()
+    for y in outside:
+        with pytest.raises(InvalidDataError, match="'y' holds values .* probability 0") as error:
+            find_records(_counts_model(likelihood, np.array(y)))
+        messages.add(str(error.value))
+    # The message comes from the model alone: the same whichever value, at whichever record.
+    assert len(messages) == 1
+    find_records(_counts_model(likelihood, np.array(edges)))
+
+
+def test_counts_that_are_not_whole_numbers_are_refused_before_pymc_rounds_them():
+    # PyMC casts a float pm.Data to the Poisson's integers, which would make 2.5 a 2.
+    with pytest.raises(InvalidDataError, match="not whole numbers"):
+        find_records(_counts_model("poisson", np.array([1.0, 2.5])))
