@@ -88,14 +88,16 @@ class TestRecordRisks:
         )
 
 
-def exponential_model_with_impossible_record():
-    """An exponential likelihood with one negative observation: log-likelihood -inf at every θ."""
+def normal_model_with_overflowing_record():
+    """A normal likelihood with one observation so large that its log-likelihood overflows to
+    -inf at every θ.  dpppl accepts finite values however extreme (it refuses only observations
+    that no parameter makes possible, such as a negative exponential one, before the fit)."""
     rng = np.random.default_rng(1)
-    y = rng.exponential(2.0, size=300)
-    y[17] = -1.5
+    y = rng.normal(1.0, 1.0, size=300)
+    y[17] = 1e200
     with pm.Model(coords={"obs": range(300)}) as model:
-        rate = pm.Gamma("rate", 2.0, 2.0)
-        pm.Exponential("y", rate, observed=y, dims="obs")
+        mu = pm.Normal("mu", 0.0, 5.0)
+        pm.Normal("y", mu, 1.0, observed=y, dims="obs")
     return model
 
 
@@ -116,7 +118,7 @@ def run_ppm(pymc_model, epsilon, seed=0, **options):
 
 class TestMechanismRun:
     def test_record_with_infinite_log_likelihood_gets_weight_zero(self, fast):
-        model, outcome = run_ppm(exponential_model_with_impossible_record(), epsilon=2.0, **fast)
+        model, outcome = run_ppm(normal_model_with_overflowing_record(), epsilon=2.0, **fast)
         assert outcome.risk_weights[17] == 0
         assert outcome.final.weights[17] == 0
         assert np.isfinite(outcome.epsilon)
