@@ -46,6 +46,7 @@ from dpppl.model.record_structure import (
     find_records,
     finite_support,
     pymc_model,
+    uncast,
     value_of,
 )
 
@@ -422,9 +423,10 @@ class RecordModel:
         for rv in self.structure.observed:
             # The observed variable's size is N (from the data or the dims); give it the batch's.
             # Its other batch sizes are the model's, taken as numbers: symbolically they are read
-            # off the observed array, which a simulated data set does not have yet.
+            # off the observed array, which a simulated data set does not have yet.  The array
+            # behind PyMC's cast has the same shape, and reading it compiles nothing.
             ndim_batch = rv.type.ndim - getattr(rv.owner.op, "ndim_supp", 0)
-            trailing = np.shape(value_of(self.model.rvs_to_values[rv]))[1:ndim_batch]
+            trailing = np.shape(value_of(uncast(self.model.rvs_to_values[rv])))[1:ndim_batch]
             new_size = [batch_size, *trailing]
             resized.append(change_dist_size(rv, new_size=new_size, expand=False))
         return resized

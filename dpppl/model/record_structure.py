@@ -238,7 +238,7 @@ def finite_support(rv: Variable) -> np.ndarray | None:
 
 #: Likelihoods whose observations cannot be negative whatever the parameters (which of them
 #: also exclude 0 depends on the parameters, so only negative values are refused).
-NON_NEGATIVE = frozenset(
+_NON_NEGATIVE_LIKELIHOODS = frozenset(
     {
         "PoissonRV",
         "NegBinomialRV",
@@ -271,15 +271,17 @@ def _support_bounds(rv: Variable) -> tuple[object, object, str]:
         return 1, None, "from 1 up"
     if name == "BetaRV":
         return 0, 1, "from 0 to 1"
-    if name in NON_NEGATIVE:
+    if name in _NON_NEGATIVE_LIKELIHOODS:
         return 0, None, "from 0 up"
     return None, None, ""
 
 
 def _bound_value(model: pm.Model, bound: object) -> np.ndarray | None:
     """A bound as numbers, or None where there is none or it depends on a free parameter."""
-    if bound is None or not isinstance(bound, Variable):
-        return None if bound is None else np.asarray(bound)
+    if bound is None:
+        return None
+    if not isinstance(bound, Variable):
+        return np.asarray(bound)
     if set(ancestors([bound])) & set(model.free_RVs):
         return None
     return np.asarray(bound.eval())
