@@ -176,8 +176,10 @@ def test_the_search_finds_a_sentinel_where_one_is_put(regression, tmp_path):
         assert_no_sentinel_bytes(path.read_bytes(), "the file")
 
 
-def test_na_dpvi_releases_no_data(regression, capsys, caplog, tmp_path):
-    observed_fit(regression, capsys, caplog, tmp_path, mechanism="na-dpvi", **NA_DPVI_FAST)
+@pytest.mark.parametrize("correlation_prior", ["lkj", "released"])
+def test_na_dpvi_releases_no_data(regression, capsys, caplog, tmp_path, correlation_prior):
+    observed_fit(regression, capsys, caplog, tmp_path, mechanism="na-dpvi",
+                 correlation_prior=correlation_prior, **NA_DPVI_FAST)
 
 
 def test_swag_ppm_releases_no_data(regression, capsys, caplog, tmp_path):

@@ -6,8 +6,10 @@ Already covered elsewhere, and not repeated here:
   ``gaussian_noise`` has the requested std (χ², α = 10⁻⁶), ``poisson_batch`` inclusion rates
   (χ² over records) and Binomial batch sizes (mean and variance).
 * ``plugins/dpppl-na-dpvi/tests/test_dpsgd.py``: through the real DP-SGD step, one record moves
-  the noise-free sum by ≤ C (with preconditioning), the injected noise has std σC, or σ(C + g√d)
-  for the snapped release on grid g (χ², 10⁻⁶), and the mean number of included records is qN.
+  the noise-free sum by ≤ C (with preconditioning; ≤ C√(1 + ρ²) with its curvature row), the
+  injected noise has std σC, or σ(C + g√d) for the snapped release on grid g, on every coordinate
+  of the release, curvature rows included (χ², 10⁻⁶), and the mean number of included records
+  is qN.
 * ``plugins/dpppl-swag-ppm/tests/test_ppm.py``: the reported ε is 2 · draws · max |α_i log p|
   over the draws the released ones are among, and never exceeds the request.
 

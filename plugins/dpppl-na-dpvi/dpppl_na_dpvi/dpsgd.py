@@ -12,6 +12,12 @@ as independent Binomial(n_u, q) counts (the law of a Poisson batch grouped by va
 one gradient per possible record.  The whole loop runs under ``jax.lax.scan``, in chunks so
 that a progress bar can advance between them.  The noisy sums are the DP release; the noisy
 gradients and the parameter trace are computed from them and public settings.
+
+With ``curvature`` each step's release also holds the outer products of the records' μ-gradients
+(:func:`curvature_rows`): summed over a batch they estimate the empirical Fisher information, whose
+correlations the trace alone barely determines (``tutorials/RESULTS.md``, 2026-11-27).  They
+travel in the same noisy sum as the gradient, so the step is still one Poisson-subsampled Gaussian
+release, of sensitivity C·√(1 + ρ²) instead of C.
 """
 
 from __future__ import annotations
@@ -40,6 +46,57 @@ from dpppl.plugin import (
     snapped_sensitivity,
 )
 
+#: ρ: a record's curvature row has norm at most ρC beside its gradient's C, so the release's
+#: sensitivity is C·√(1 + ρ²) and the gradients' noise grows by that factor (12 % at 0.5).
+CURVATURE_SHARE = 0.5
+#: A record's standardised μ-gradient is clipped to ``CURVATURE_CLIP_SCALE`` · √n before its outer
+#: product is taken: its coordinates have unit scale near the optimum (see
+#: ``dpppl_na_dpvi.heuristics``), so few records are clipped and a small bound keeps the products'
+#: signal large against the noise.
+CURVATURE_CLIP_SCALE = 1.25
+
+
+def curvature_size(n_params: int) -> int:
+    """Entries of a curvature row: the upper triangle of an n × n outer product, diagonal included."""
+    return n_params * (n_params + 1) // 2
+
+
+def release_dim(n_params: int, curvature: bool) -> int:
+    """Coordinates of one step's release: the 2n gradient coordinates, and the curvature rows."""
+    return 2 * n_params + (curvature_size(n_params) if curvature else 0)
+
+
+def release_bound(clipping_bound: float | jax.Array, curvature: bool) -> float | jax.Array:
+    """The L2 bound of a record's whole row: C, or C·√(1 + ρ²) with the curvature rows."""
+    return clipping_bound * (np.sqrt(1 + CURVATURE_SHARE**2) if curvature else 1.0)
+
+
+def curvature_scale(n_params: int, clipping_bound: float | jax.Array) -> float | jax.Array:
+    """ρC/B²: the factor from a record's outer product r rᵀ to its curvature row, with
+    B = ``CURVATURE_CLIP_SCALE`` · √n the bound on r."""
+    return CURVATURE_SHARE * clipping_bound / (CURVATURE_CLIP_SCALE**2 * n_params)
+
+
+def curvature_rows(rows: jax.Array, n_params: int, clipping_bound: float | jax.Array) -> jax.Array:
+    """Each record's outer product r rᵀ of its clipped μ-gradient r (``rows``' first n columns,
+    clipped again to B = ``CURVATURE_CLIP_SCALE`` · √n), as its upper triangle, times
+    :func:`curvature_scale` so that its norm is at most ρC (the triangle's norm is at most
+    ‖r rᵀ‖_F = ‖r‖² ≤ B²)."""
+    mu = clip_rows(rows[:, :n_params], CURVATURE_CLIP_SCALE * np.sqrt(n_params))
+    upper_rows, upper_cols = np.triu_indices(n_params)
+    return mu[:, upper_rows] * mu[:, upper_cols] * curvature_scale(n_params, clipping_bound)
+
+
+def curvature_matrix(upper: np.ndarray, n_params: int, clipping_bound: float) -> np.ndarray:
+    """The symmetric n × n matrices (..., n, n) from released sums of :func:`curvature_rows`
+    (..., n(n + 1)/2), in the units of the records' outer products r rᵀ."""
+    upper = np.asarray(upper)
+    rows, cols = np.triu_indices(n_params)
+    out = np.zeros((*upper.shape[:-1], n_params, n_params))
+    out[..., rows, cols] = upper
+    out[..., cols, rows] = upper
+    return out / curvature_scale(n_params, clipping_bound)
+
 
 class DPSGDSettings(NamedTuple):
     """Per-fit numbers of the DP-SGD loop (traced, so changing them does not recompile)."""
@@ -60,11 +117,19 @@ _SETTINGS_AXES = DPSGDSettings(0, 0, 0, 0, None, 0)
 @dataclass(frozen=True)
 class Trace:
     """The released trace: φ_0..φ_T, the noisy sums s̃_1..s̃_T of preconditioned clipped
-    gradients, and the preconditioner β_t each step used (public: chosen from earlier iterates)."""
+    gradients, and the preconditioner β_t each step used (public: chosen from earlier iterates).
+
+    With the curvature release, ``curvature_sums`` holds the released curvature rows
+    (:func:`curvature_rows`) summed over each chunk of steps, and ``curvature_starts`` the first
+    step of each chunk: the post-processing reads whole chunks, and storing every step's would
+    take n²/4 times the memory of the gradients.
+    """
 
     phi: np.ndarray  # (T + 1, d)
     noisy_sum: np.ndarray  # (T, d)
     preconditioner: np.ndarray  # (T, d)
+    curvature_sums: np.ndarray | None = None  # (chunks, n(n + 1)/2)
+    curvature_starts: np.ndarray | None = None  # (chunks,)
 
     @property
     def noisy_grad(self) -> np.ndarray:
@@ -73,21 +138,28 @@ class Trace:
 
 
 class StepOutput(NamedTuple):
-    """What one step emits: the iterate it started from, its noisy gradient and noisy sum, and
-    whether a snapped release was exact (always true for the float release)."""
+    """What one step emits: the iterate it started from, its noisy gradient and noisy sum, its
+    noisy curvature rows' sum (empty without the curvature release), and whether a snapped
+    release was exact (always true for the float release)."""
 
     phi: jax.Array
     noisy_grad: jax.Array
     noisy_sum: jax.Array
+    curvature: jax.Array
     exact: jax.Array
 
 
-def noise_std(settings: DPSGDSettings, grid: float | None, dim: int) -> float | jax.Array:
-    """The noise standard deviation in preconditioned units: σC for the float release, σ(C + g√d)
-    on grid g for the snapped one (the sensitivity of a sum of grid-rounded rows)."""
+def noise_std(
+    settings: DPSGDSettings, grid: float | None, n_params: int, curvature: bool = False
+) -> float | jax.Array:
+    """The noise standard deviation in preconditioned units: σΔ with Δ = C (or C·√(1 + ρ²) with
+    the curvature release, :func:`release_bound`) for the float release and Δ + g√d on grid g
+    for the snapped one (the sensitivity of a sum of grid-rounded rows of d coordinates)."""
+    bound = release_bound(settings.clipping_bound, curvature)
     if grid is None:
-        return settings.noise_multiplier * settings.clipping_bound
-    return settings.noise_multiplier * snapped_sensitivity(settings.clipping_bound, grid, dim)
+        return settings.noise_multiplier * bound
+    dim = release_dim(n_params, curvature)
+    return settings.noise_multiplier * snapped_sensitivity(bound, grid, dim)
 
 
 def make_step(
@@ -96,13 +168,15 @@ def make_step(
     mc_draws: int,
     snapped: bool = False,
     counted: bool = False,
+    curvature: bool = False,
 ):
     """One DP-SGD step ``step(phi, key, data, settings, grid) -> (new_phi, StepOutput)``.
 
     ``snapped`` (static) chooses the snapped release on the (traced) ``grid``; the float release
     ignores ``grid``.  With ``counted`` (static) ``data`` is a :class:`CountedRecords`: the
     step draws how many copies of each record its batch holds and takes one gradient per
-    record.
+    record.  With ``curvature`` (static) every record's row also holds its curvature row
+    (:func:`curvature_rows`), released in the same noisy sum.
     """
     n = model.n_params
 
@@ -121,18 +195,23 @@ def make_step(
         eps = jnp.concatenate([half, -half])[:mc_draws]
         per_record = model.elbo_loss_grads(phi, batch, eps, settings.n_records)
         rows = clip_rows(per_record * settings.preconditioner, settings.clipping_bound)
+        if curvature:
+            rows = jnp.concatenate(
+                [rows, curvature_rows(rows, n, settings.clipping_bound)], axis=1
+            )
         if snapped:
-            noisy_sum, exact = snapped_gaussian_release(
-                key_noise, rows, noise_std(settings, grid, 2 * n), grid, counts
+            released, exact = snapped_gaussian_release(
+                key_noise, rows, noise_std(settings, grid, n, curvature), grid, counts
             )
         else:
             summed = jnp.sum(rows * counts[:, None], axis=0)
-            std = noise_std(settings, None, 2 * n)
-            noisy_sum = summed + gaussian_noise(key_noise, summed.shape, std)
+            std = noise_std(settings, None, n, curvature)
+            released = summed + gaussian_noise(key_noise, summed.shape, std)
             exact = jnp.array(True)
+        noisy_sum, noisy_curvature = released[: 2 * n], released[2 * n :]
         noisy_grad = noisy_sum / settings.preconditioner
         return phi - settings.learning_rate * noisy_grad, StepOutput(
-            phi, noisy_grad, noisy_sum, exact
+            phi, noisy_grad, noisy_sum, noisy_curvature, exact
         )
 
     return step
@@ -146,15 +225,19 @@ def _chunk_runner(
     snapped: bool,
     replicates: bool,
     counted: bool = False,
+    curvature: bool = False,
 ):
     """``chunk`` steps under ``jax.lax.scan``, jitted; with ``replicates``, vmapped over a leading
-    replicate axis of the iterate, key, data and settings (the grid is shared)."""
-    step = make_step(model, capacity, mc_draws, snapped, counted)
+    replicate axis of the iterate, key, data and settings (the grid is shared).  The curvature
+    releases come out summed over the chunk."""
+    step = make_step(model, capacity, mc_draws, snapped, counted, curvature)
 
     def run(phi, key, data, settings, grid):
         keys = jax.random.split(key, chunk)
         phi, out = jax.lax.scan(lambda carry, k: step(carry, k, data, settings, grid), phi, keys)
-        return phi, out._replace(exact=jnp.all(out.exact))
+        return phi, out._replace(
+            exact=jnp.all(out.exact), curvature=jnp.sum(out.curvature, axis=0)
+        )
 
     return jax.jit(jax.vmap(run, in_axes=(0, 0, 0, _SETTINGS_AXES, None)) if replicates else run)
 
@@ -194,6 +277,7 @@ def run_dpsgd(
     grid: float | None = None,
     chunk: int = 250,
     anchored_steps: int = 0,
+    curvature: bool = False,
 ) -> tuple[Trace, DPSGDSettings]:
     """Run ``steps`` DP-SGD steps from ``phi0``; return the released trace and the final settings.
 
@@ -217,11 +301,14 @@ def run_dpsgd(
     weights).  Gradients released at one fixed point carry no such bias, so the post-processing
     model can read the optimum off them and use the moving part of the trace for the curvature alone
     (see :meth:`dpppl_na_dpvi.postprocess.TraceStatistics.from_trace`).
+
+    ``curvature``: every step also releases its batch's curvature rows (:func:`curvature_rows`),
+    kept as sums per chunk in the trace.
     """
     traces, settings = run_dpsgd_replicates(
         model, [data], np.asarray(phi0)[None], [schedule], [key],
         steps=steps, capacity=capacity, mc_draws=mc_draws, progress=progress, grid=grid,
-        chunk=chunk, vectorised=False, anchored_steps=anchored_steps,
+        chunk=chunk, vectorised=False, anchored_steps=anchored_steps, curvature=curvature,
     )
     return traces[0], settings[0]
 
@@ -286,6 +373,7 @@ def run_dpsgd_replicates(
     vectorised: bool = True,
     anchored_steps: int = 0,
     count_length: int | None = None,
+    curvature: bool = False,
 ) -> tuple[list[Trace], list[DPSGDSettings]]:
     """:func:`run_dpsgd` on R independent replicates at once, as one vmapped program.
 
@@ -322,9 +410,12 @@ def run_dpsgd_replicates(
     with progress.task("DP-SGD", total=steps) as bar:
         for i, length in enumerate(lengths):
             run = model.cached(
-                ("na-dpvi", "dpsgd", capacity, mc_draws, length, snapped, vectorised, counted),
+                (
+                    "na-dpvi", "dpsgd", capacity, mc_draws, length, snapped, vectorised, counted,
+                    curvature,
+                ),
                 lambda length=length: _chunk_runner(
-                    model, capacity, mc_draws, length, snapped, vectorised, counted
+                    model, capacity, mc_draws, length, snapped, vectorised, counted, curvature
                 ),
             )
             grid_value = grid if snapped else 0.0
@@ -364,8 +455,18 @@ def run_dpsgd_replicates(
     phi_trace = np.asarray(jnp.concatenate([o.phi for o in outputs] + [phi[:, None]], axis=1))
     sums = np.asarray(jnp.concatenate([o.noisy_sum for o in outputs], axis=1))
     beta = np.concatenate(preconditioners, axis=1)
+    curvature_sums = (
+        np.asarray(jnp.stack([o.curvature for o in outputs], axis=1)) if curvature else None
+    )
+    starts = np.cumsum([0, *lengths[:-1]]) if curvature else None
     traces = [
-        Trace(phi=phi_trace[r], noisy_sum=sums[r], preconditioner=beta[r])
+        Trace(
+            phi=phi_trace[r],
+            noisy_sum=sums[r],
+            preconditioner=beta[r],
+            curvature_sums=None if curvature_sums is None else curvature_sums[r],
+            curvature_starts=starts,
+        )
         for r in range(len(schedules))
     ]
     return traces, settings

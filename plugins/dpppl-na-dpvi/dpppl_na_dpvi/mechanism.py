@@ -40,7 +40,11 @@ from dpppl_na_dpvi.dpsgd import (
     MAX_COUNTED_RECORDS,
     DPSGDSettings,
     Trace,
+    curvature_matrix,
+    curvature_scale,
     noise_std,
+    release_bound,
+    release_dim,
     run_dpsgd_replicates,
 )
 from dpppl_na_dpvi.heuristics import StandardisedSchedule, default_clipping_bound
@@ -199,10 +203,33 @@ class NADPVI(Mechanism):
         is not the default.
     curvature
         ``"full"``: a full curvature matrix for the μ-coordinates (needed when the posterior is
-        correlated), with an LKJ prior on its correlation (option ``lkj_eta``); ``"diagonal"``:
-        the paper's diagonal A; ``"auto"`` (default): full for 2 to 30 model parameters.
+        correlated), with a prior on its correlation (option ``correlation_prior``);
+        ``"diagonal"``: the paper's diagonal A; ``"auto"`` (default): full for 2 to 30 model
+        parameters.
+    correlation_prior
+        Where the prior of the full μ-block's correlation comes from.  ``"lkj"`` (default): the
+        LKJ(``lkj_eta``) prior.  ``"released"`` (experimental): every DP-SGD step also releases the outer products of its records' standardised
+        μ-gradients (clipped to 1.25√n) in the same noisy sum as the gradients, each record's
+        share of norm at most ρC with ρ = 0.5, so the step stays one Poisson-subsampled
+        Gaussian release of sensitivity C√(1 + ρ²) at the same σ and the gradients' noise grows
+        by √(1 + ρ²) = 1.12 (:func:`dpppl_na_dpvi.dpsgd.curvature_rows`).  Averaged over the
+        steps read, they estimate the records' Fisher information, whose correlations (with the
+        model's prior curvature, public, added) centre the prior of the canonical partial
+        correlations, as wide as the release's own noise says
+        (:func:`dpppl_na_dpvi.postprocess.released_correlation_prior`).  The trace alone barely
+        determines those correlations, and LKJ(2) let the curvature come close to singular:
+        on the logistic-regression class study (K = 200, ε = 1) the 90 % intervals held the
+        truth 96–100 % of the time with LKJ(2) and 90–94 % with the release (joint TARP RMSE
+        0.050 → 0.034), and the varying intercepts' 68–79 % (over-confident) became 93–99 %.
+        It is not the default because clipping the gradients shrinks their correlations, which
+        makes a strongly correlated posterior too narrow (a regression with covariates of
+        correlation 0.9 at ε = 4: the linear-response posterior 0.75–0.9 times the non-private
+        one's width), and because it uncovers the trace-mean bias of a noise scale that LKJ(2)'s
+        wide weights had covered (10-D regression, ε = 1, K = 200: joint TARP RMSE 0.220, log σ²
+        over-confident; see ``tutorials/RESULTS.md``).  Both priors need ``curvature`` full; a
+        diagonal A releases nothing extra.
     lkj_eta
-        η of the LKJ prior on the correlation of A's μ-block when it is full (default 2).  None
+        With ``correlation_prior="lkj"``: η of the LKJ prior (default 2).  None
         learns η under a hyperprior whose centre grows with the number of parameters
         (``dpppl_na_dpvi.postprocess.lkj_concentration_centre``; Laplace, whose joint mode of a
         learned η is degenerate, then fixes η at that centre).  The trace says little about
@@ -273,6 +300,7 @@ class NADPVI(Mechanism):
         )
         covariance: Literal["mean-field", "linear-response"] = "mean-field"
         lkj_eta: Annotated[float, POSITIVE] | None = 2.0
+        correlation_prior: Literal["lkj", "released"] = "lkj"
         noise: Literal["snapped", "float"] = "snapped"
         relation: Literal["add_or_remove_one", "replace_one"] = "add_or_remove_one"
 
@@ -288,6 +316,11 @@ class NADPVI(Mechanism):
                 raise InvalidOptionError(
                     "na-dpvi's optimum_prior='model-bounded' draws the optimum given the "
                     "curvature; use optimum='integrated'"
+                )
+            if self.lkj_eta != 2.0 and self.correlation_prior != "lkj":
+                raise InvalidOptionError(
+                    "na-dpvi's lkj_eta sets the LKJ prior of correlation_prior='lkj'; "
+                    "correlation_prior='released' does not read it"
                 )
             if self.covariance == "linear-response" and self.posterior == "naive":
                 raise InvalidOptionError(
@@ -310,6 +343,22 @@ class NADPVI(Mechanism):
         @property
         def free_steps(self) -> int:
             return self.steps - self.burn_in_steps - self.anchored_steps
+
+        def full_curvature(self, n_params: int) -> bool:
+            """Whether the post-processing model's curvature has a full μ-block."""
+            return self.curvature == "full" or (
+                self.curvature == "auto" and 2 <= n_params <= MAX_FULL_CURVATURE
+            )
+
+        def releases_curvature(self, n_params: int) -> bool:
+            """Whether DP-SGD also releases the records' curvature rows: for the released prior
+            on a full μ-block's correlation, which only the noise-aware posterior reads."""
+            return (
+                self.posterior == "noise-aware"
+                and self.correlation_prior == "released"
+                and n_params >= 2
+                and self.full_curvature(n_params)
+            )
 
     #: The model's number of parameters, recorded by :meth:`check_model` for :meth:`plan`.
     _n_params: int | None = None
@@ -359,6 +408,11 @@ class NADPVI(Mechanism):
         o = self.options
         return PoissonSampler.for_target(n_records, o.sampling_rate, o.steps, epsilon, delta)
 
+    def _release_dim(self) -> int:
+        """Coordinates of one step's release for the model :meth:`check_model` recorded."""
+        n = self._n_params
+        return release_dim(n, self.options.releases_curvature(n))
+
     def plan(
         self, *, n_records: int, epsilon: float, delta: float, accountant: Accountant
     ) -> PrivacyPlan:
@@ -383,7 +437,7 @@ class NADPVI(Mechanism):
                     "(dpppl.engine.plan_fit does)"
                 )
             snapping = SnappedGaussian.delta_cost(
-                steps=o.steps, dim=2 * self._n_params, epsilon=epsilon
+                steps=o.steps, dim=self._release_dim(), epsilon=epsilon
             )
         extra_delta = truncation + snapping
         if extra_delta >= delta:
@@ -400,6 +454,11 @@ class NADPVI(Mechanism):
         accounted = super().plan(
             n_records=n_records, epsilon=epsilon, delta=delta - extra_delta, accountant=accountant
         )
+        curvature = o.releases_curvature(self._n_params or 0)
+        releases = "DP-SGD parameter trace and noisy gradient sums" + (
+            ", each sum also holding the outer products of the records' mu-gradients (curvature "
+            "rows, dpppl_na_dpvi.dpsgd.curvature_rows)" if curvature else ""
+        )
         details = {
             "steps": o.steps,
             "sampling": "poisson",
@@ -409,26 +468,28 @@ class NADPVI(Mechanism):
             "accountant_delta": accounted.delta,
             "truncation_delta": truncation,
             "noise": o.noise,
-            "releases": "DP-SGD parameter trace and noisy gradient sums",
+            "releases": releases,
+            "curvature_release": curvature,
             # Under replace-one the sensitivity is twice this, and the event's multiplier half σ.
-            "noise_std": "noise_multiplier x the sensitivity of one record (C, or C + grid x sqrt(d))",
+            "noise_std": "noise_multiplier x the sensitivity of one record (B = C, or "
+            "C sqrt(1 + rho^2) with the curvature release; B + grid x sqrt(d) snapped)",
         }
         if o.noise == "snapped":
             # The grid depends on public quantities only: the batch capacity, C (the option or
             # the rule the schedule applies), σ and d.
             bound = o.clipping_bound
+            bound = default_clipping_bound(self._n_params) if bound is None else bound
             release = SnappedGaussian.for_sum(
                 capacity=sampler.capacity,
-                clipping_bound=default_clipping_bound(self._n_params) if bound is None else bound,
+                clipping_bound=release_bound(bound, curvature),
                 noise_multiplier=accounted.noise_multiplier,
-                dim=2 * self._n_params,
+                dim=self._release_dim(),
             )
             details.update(
                 grid=release.grid,
                 sensitivity=release.sensitivity,
                 snapping_delta=snapping,
-                releases="DP-SGD parameter trace and noisy gradient sums, the sums exactly on "
-                "the grid",
+                releases=f"{releases}; the sums exactly on the grid",
             )
         return dataclasses.replace(
             accounted, delta=delta, extra_delta=extra_delta, details=details
@@ -557,6 +618,7 @@ class NADPVI(Mechanism):
             grid=grid,
             vectorised=replicates,
             anchored_steps=o.anchored_steps,
+            curvature=o.releases_curvature(model.n_params),
         )
         starts = [
             self._settled_step(trace, schedule)
@@ -596,7 +658,9 @@ class NADPVI(Mechanism):
         # steps can drift.
         moving = trace.phi[: o.steps - o.anchored_steps] if o.anchored_steps else trace.phi
         scores = drift_scores(moving, settled_step)
-        groups = {"dpvi_trace": _trace_dataset(model, trace, scores)}
+        groups = {
+            "dpvi_trace": _trace_dataset(model, trace, scores, schedule.last.clipping_bound)
+        }
         drifting = drift_warning(scores, _vi_labels(model))
         messages = [] if drifting is None else [drifting]
         if post is None:
@@ -644,17 +708,15 @@ class NADPVI(Mechanism):
             self._statistics(model, trace, start, settings, grid)
             for trace, start, settings in zip(traces, starts, finals, strict=True)
         ]
-        full = o.curvature == "full" or (
-            o.curvature == "auto" and 2 <= model.n_params <= MAX_FULL_CURVATURE
-        )
         structure = ModelStructure(
-            full_curvature=full,
+            full_curvature=o.full_curvature(model.n_params),
             subsampling=o.subsampling_noise,
             integrated_optimum=o.optimum == "integrated",
             optimum_prior=o.optimum_prior,
             lkj_eta=o.lkj_eta if o.lkj_eta is not None or o.inference == "nuts" else (
                 lkj_concentration_centre(model.n_params)
             ),
+            released_correlation=o.releases_curvature(model.n_params),
         )
         options = dict(
             draws=o.draws, chains=o.chains, structure=structure, cache=model.cached,
@@ -702,17 +764,65 @@ class NADPVI(Mechanism):
         # A Poisson batch of clipped gradients varies by at most √(κN)·C per coordinate: the
         # prior scale of the subsampling noise, in units of the noisy gradients (divided by β).
         subsampling_scale = math.sqrt(o.sampling_rate * model.n_records) * bound / beta
+        curvature = o.releases_curvature(model.n_params)
         return TraceStatistics.from_trace(
             trace.phi,
             trace.noisy_grad,
             burn_in=start,
-            noise_std=noise_std(settings, grid, 2 * model.n_params) / beta,
+            noise_std=noise_std(settings, grid, model.n_params, curvature) / beta,
             rate=o.sampling_rate,
             subsampling_scale=subsampling_scale,
             curvature_prior=o.curvature_prior,
             anchored=o.anchored_steps,
             model_prior=prior_summary(model) if o.optimum_prior == "model-bounded" else None,
+            released_curvature=(
+                (*_released_fisher(model, trace, start, settings, grid), _prior_curvature(model))
+                if curvature
+                else None
+            ),
         )
+
+
+#: Monte Carlo draws of q for the curvature of the model's prior (fixed: the draws are public and
+#: the same for every fit, so the curvature is a function of φ alone).
+PRIOR_CURVATURE_DRAWS = 64
+
+
+def _prior_curvature(model: RecordModel):
+    """φ ↦ E_q[−∇² log p(θ)] (n × n), the curvature in μ of the ELBO's prior part, jitted once per
+    model structure."""
+
+    def build():
+        n = model.n_params
+        half = jax.random.normal(jax.random.key(0), (PRIOR_CURVATURE_DRAWS // 2, n))
+        eps = jax.numpy.concatenate([half, -half])
+
+        def curvature(phi):
+            mu, sd = model.variational_split(phi)
+            hessians = jax.vmap(jax.hessian(model.logprior))(mu + sd * eps)
+            return -hessians.mean(axis=0)
+
+        return jax.jit(curvature)
+
+    compiled = model.cached(("na-dpvi", "prior-curvature"), build)
+    return lambda phi: np.asarray(compiled(jax.numpy.asarray(phi)))
+
+
+def _released_fisher(
+    model: RecordModel, trace: Trace, start: int, settings: DPSGDSettings, grid: float | None
+) -> tuple[np.ndarray, float]:
+    """The released curvature rows averaged over the chunks that end after ``start`` (the first
+    of them may begin a little before it): the empirical Fisher information of the records'
+    standardised μ-gradients, per step (see :func:`dpppl_na_dpvi.dpsgd.curvature_rows`), and
+    its noise's standard deviation per entry."""
+    n = model.n_params
+    ends = np.append(trace.curvature_starts[1:], len(trace.noisy_sum))
+    read = ends > start
+    steps = int((ends - trace.curvature_starts)[read].sum())
+    total = trace.curvature_sums[read].sum(axis=0)
+    bound = settings.clipping_bound
+    noise = float(noise_std(settings, grid, n, curvature=True)) / curvature_scale(n, bound)
+    return curvature_matrix(total, n, bound) / steps, noise / math.sqrt(steps)
 
 
 def _vi_labels(model: RecordModel) -> list[str]:
@@ -720,20 +830,33 @@ def _vi_labels(model: RecordModel) -> list[str]:
     return [f"mu[{label}]" for label in labels] + [f"u[{label}]" for label in labels]
 
 
-def _trace_dataset(model: RecordModel, trace: Trace, drift: np.ndarray) -> xr.Dataset:
+def _trace_dataset(
+    model: RecordModel, trace: Trace, drift: np.ndarray, clipping_bound: float
+) -> xr.Dataset:
     labels = _vi_labels(model)
+    variables = {
+        "phi": (("step", "vi_param"), trace.phi),
+        "noisy_sum": (("iteration", "vi_param"), trace.noisy_sum),
+        "preconditioner": (("iteration", "vi_param"), trace.preconditioner),
+        "drift_score": (("vi_param",), drift),
+    }
+    coords = {
+        "step": np.arange(trace.phi.shape[0]),
+        "iteration": np.arange(1, trace.noisy_grad.shape[0] + 1),
+        "vi_param": labels,
+    }
+    if trace.curvature_sums is not None:
+        n = model.n_params
+        names = model.parameters.labels()
+        variables["curvature_sum"] = (
+            ("chunk", "mu_row", "mu_column"),
+            curvature_matrix(trace.curvature_sums, n, clipping_bound),
+        )
+        variables["chunk_start"] = (("chunk",), trace.curvature_starts + 1)
+        coords.update(chunk=np.arange(len(trace.curvature_starts)), mu_row=names, mu_column=names)
     return xr.Dataset(
-        {
-            "phi": (("step", "vi_param"), trace.phi),
-            "noisy_sum": (("iteration", "vi_param"), trace.noisy_sum),
-            "preconditioner": (("iteration", "vi_param"), trace.preconditioner),
-            "drift_score": (("vi_param",), drift),
-        },
-        coords={
-            "step": np.arange(trace.phi.shape[0]),
-            "iteration": np.arange(1, trace.noisy_grad.shape[0] + 1),
-            "vi_param": labels,
-        },
+        variables,
+        coords=coords,
         attrs={
             "description": "DP-SGD release: noisy sums s_t (t = 1..T) of the clipped, "
             "preconditioned per-record gradients of the variational objective (exactly on the "
@@ -743,7 +866,10 @@ def _trace_dataset(model: RecordModel, trace: Trace, drift: np.ndarray) -> xr.Da
             "mean of the moving steps from settled_step on; phi = (mu, u), variances "
             "softplus(u); drift_score: Geweke z-score of each coordinate between the first and "
             "last third of the moving steps from settled_step on, the steps the posterior reads "
-            "(|z| > 4: the trace has not settled, see dpppl_na_dpvi.convergence)",
+            "(|z| > 4: the trace has not settled, see dpppl_na_dpvi.convergence); "
+            "curvature_sum (with the curvature release): noisy sums, over the iterations of "
+            "each chunk from chunk_start on, of the outer products of the clipped, "
+            "preconditioned per-record mu-gradients (dpppl_na_dpvi.dpsgd.curvature_rows)",
         },
     )
 
@@ -761,7 +887,8 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
         rows, cols = np.tril_indices(len(names), -1)
         coords["mu_pair"] = [f"{names[i]}, {names[j]}" for i, j in zip(rows, cols, strict=True)]
         variables["A_mu_correlation"] = (("chain", "draw", "mu_pair"), post.mu_correlation)
-        variables["A_mu_lkj_concentration"] = (("chain", "draw"), post.mu_concentration)
+        if post.mu_concentration is not None:
+            variables["A_mu_lkj_concentration"] = (("chain", "draw"), post.mu_concentration)
     posterior = xr.Dataset(
         variables,
         coords=coords,

@@ -27,9 +27,14 @@ Departures from the paper, where it is ambiguous or where measurement showed it 
 * The paper's A is diagonal.  When the model's posterior is correlated, the ELBO's Hessian in μ is
   not, and a diagonal A then mislocates φ* (on simulated traces with correlation −0.78, z-scores of
   φ* had standard deviation 2.9).  ``curvature="full"`` (the default for up to
-  ``MAX_FULL_CURVATURE`` parameters) gives the μ-block a full A = D^½ R D^½ with an LKJ(η) prior on
-  the correlation R (η = 2, or learned under a hyperprior centred to grow with the dimension:
-  :func:`lkj_concentration_centre`); the u-block stays diagonal.
+  ``MAX_FULL_CURVATURE`` parameters) gives the μ-block a full A = D^½ R D^½; the u-block stays
+  diagonal.  The trace says little about R (a few relaxation times of μ), so R's prior decides
+  how close to singular A may come, and along a nearly singular direction the optimum is held by
+  its prior alone.  By default R has an LKJ(η) prior (η = 2, or learned under a hyperprior
+  centred to grow with the dimension: :func:`lkj_concentration_centre`), under which the class
+  studies' GLMs are several times too wide; with ``correlation_prior="released"`` DP-SGD
+  releases the records' Fisher information too, and R's prior is centred on what it says
+  (:func:`released_correlation_prior`).
 * The paper's prior on the optimum, φ* ~ N(φ̄, I), is in whatever units φ has, and is usually
   hundreds of posterior standard deviations wide.  Integrating δ = φ* − φ̄ out of such a prior
   leaves the factor |I + J|^(−½) ∝ 1/|det A| in A's posterior (J = T (κA)ᵀV⁻¹(κA), the
@@ -53,6 +58,7 @@ Departures from the paper, where it is ambiguous or where measurement showed it 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -103,6 +109,95 @@ def lkj_log_normaliser(eta: jax.Array, n: int) -> jax.Array:
     )
 
 
+#: Width of the released-curvature prior on each canonical partial correlation, on the scale
+#: y = atanh(z), beside the release's noise: what the Monte Carlo draws, clipping and the gap
+#: between the Fisher information and the Hessian leave uncertain.
+RELEASED_CORRELATION_WIDTH = 0.1
+#: Redraws of the release's noise from which the prior's width takes the noise's share.
+RELEASED_CORRELATION_REDRAWS = 200
+#: Smallest eigenvalue the centre of that prior may have, as a correlation matrix: a released
+#: estimate that noise made indefinite is pulled back to this.
+RELEASED_CORRELATION_FLOOR = 0.02
+#: Smallest share of A's diagonal that the records' information is given when the prior's
+#: curvature seems to account for all of it.
+LIKELIHOOD_SHARE_FLOOR = 0.05
+
+
+def partial_correlations(correlation: np.ndarray) -> np.ndarray:
+    """The canonical partial correlations z of a correlation matrix, row by row below the
+    diagonal: the inverse of :func:`correlation_cholesky` (with y = atanh(z))."""
+    chol = np.linalg.cholesky(correlation)
+    n = chol.shape[0]
+    rows, cols = np.tril_indices(n, -1)
+    # L_ij = z_ij √(1 − Σ_{k<j} L_ik²): the length left in row i before entry j.
+    left = 1 - (np.cumsum(chol**2, axis=1) - chol**2)
+    return chol[rows, cols] / np.sqrt(left[rows, cols])
+
+
+def released_correlation_prior(
+    fisher: np.ndarray, noise_std: float, prior_curvature: np.ndarray, diagonal: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Centre and width of the prior on y = atanh(z), z the canonical partial correlations of
+    the correlation R of A's μ-block, from the released curvature.
+
+    A's μ-block is the ELBO's curvature in μ: the records' information plus the curvature of the
+    model's prior, E_q[−∇² log p(θ)], which is public.  The release estimates the records' part
+    up to a factor (clipping shrinks it) by the empirical Fisher information ``fisher``, the
+    sum of the outer products of their μ-gradients, which near the optimum equals it in
+    expectation for a well-specified model.  The centre takes the Fisher information's
+    correlations and gives them the share of A's ``diagonal`` (its prior centre) that the
+    model's prior leaves to the records:
+
+        Â = P + S corr(F) S,  S_j² = A_jj − P_jj,   R̂ = diag(Â)^(−½) Â diag(Â)^(−½),
+
+    with P = ``prior_curvature``, S_j² at least ``LIKELIHOOD_SHARE_FLOOR`` · A_jj, and R̂'s
+    eigenvalues floored at ``RELEASED_CORRELATION_FLOOR``.  A coordinate whose released
+    information is not positive gets no correlation from it.
+
+    Each width adds ``RELEASED_CORRELATION_WIDTH`` in quadrature to the spread of y over
+    ``RELEASED_CORRELATION_REDRAWS`` redraws of the release's noise (``noise_std`` per entry of
+    ``fisher``, independent on and above the diagonal) around the released value: the noise is
+    public, so this costs no privacy and needs no approximation of the map to y.
+    """
+    fisher = np.asarray(fisher, dtype=float)
+    prior_curvature = np.asarray(prior_curvature, dtype=float)
+    diagonal = np.asarray(diagonal, dtype=float)
+    centre = _released_correlations(fisher, prior_curvature, diagonal)
+    n = fisher.shape[0]
+    noise = np.random.default_rng(0).normal(
+        0.0, noise_std, (RELEASED_CORRELATION_REDRAWS, n, n)
+    )
+    noise = np.triu(noise) + np.swapaxes(np.triu(noise, 1), -1, -2)
+    redrawn = np.stack(
+        [_released_correlations(fisher + e, prior_curvature, diagonal) for e in noise]
+    )
+    width = np.sqrt(redrawn.var(axis=0) + RELEASED_CORRELATION_WIDTH**2)
+    return centre, width
+
+
+def _released_correlations(
+    fisher: np.ndarray, prior_curvature: np.ndarray, diagonal: np.ndarray
+) -> np.ndarray:
+    """y = atanh(z) of the centre R̂ of :func:`released_correlation_prior`."""
+    information = np.diagonal(fisher)
+    scale = np.where(information > 0, np.sqrt(np.abs(information)), np.inf)
+    fisher_correlation = np.clip(fisher / np.outer(scale, scale), -1.0, 1.0)
+    share = np.sqrt(
+        np.maximum(diagonal - np.diagonal(prior_curvature), LIKELIHOOD_SHARE_FLOOR * diagonal)
+    )
+    centre = prior_curvature + np.outer(share, share) * fisher_correlation
+    np.fill_diagonal(centre, diagonal)
+    root = np.sqrt(diagonal)
+    correlation = centre / np.outer(root, root)
+    eigenvalues, eigenvectors = np.linalg.eigh((correlation + correlation.T) / 2)
+    correlation = (eigenvectors * np.maximum(eigenvalues, RELEASED_CORRELATION_FLOOR)) @ (
+        eigenvectors.T
+    )
+    root = np.sqrt(np.diagonal(correlation))
+    correlation = correlation / np.outer(root, root)
+    return np.arctanh(partial_correlations(correlation))
+
+
 #: Largest number of model parameters for which ``curvature="auto"`` uses a full μ-block.
 MAX_FULL_CURVATURE = 30
 #: NUTS target acceptance rate.  The full μ-block's LKJ correlation makes a funnel-like geometry:
@@ -139,6 +234,12 @@ class TraceStatistics(NamedTuple):
     #: for μ; both 0 for u (used by the ``"model-bounded"`` optimum prior).
     model_precision: jax.Array
     model_offset: jax.Array
+    #: Prior of the μ-block's correlation from the released curvature
+    #: (:func:`released_correlation_prior`): centre and width of each canonical partial
+    #: correlation on the unconstrained scale y = atanh(z), row by row below the diagonal; empty
+    #: without the release.
+    correlation_centre: jax.Array = jnp.zeros(0)
+    correlation_width: jax.Array = jnp.zeros(0)
 
     @classmethod
     def from_trace(
@@ -153,6 +254,9 @@ class TraceStatistics(NamedTuple):
         curvature_prior: str = "structural",
         anchored: int = 0,
         model_prior: tuple[np.ndarray, np.ndarray] | None = None,
+        released_curvature: (
+            tuple[np.ndarray, float, Callable[[np.ndarray], np.ndarray]] | None
+        ) = None,
     ) -> TraceStatistics:
         """Statistics of the pairs (φ_t, g̃_{t+1}) for t = ``burn_in`` … T − 1.
 
@@ -174,6 +278,12 @@ class TraceStatistics(NamedTuple):
         ``model_prior`` is the centre, scale and normality of the model's prior of each
         parameter ((n,) each), public (see :func:`dpppl.plugin.prior_summary`); None leaves the
         optimum without it.
+
+        ``released_curvature`` is the released empirical Fisher information of the records'
+        μ-gradients, averaged over the steps read (n × n, any positive scale), the standard
+        deviation of its noise per entry, and the curvature of the model's prior part of the
+        ELBO in μ as a function of φ (public); the μ-block's correlation then gets the prior of
+        :func:`released_correlation_prior` at φ̄.
         """
         end = len(noisy_grad) - anchored
         x = phi[burn_in:end]
@@ -218,6 +328,12 @@ class TraceStatistics(NamedTuple):
             normal = normal.astype(bool)
             model_precision[:n][normal] = scale[normal] ** -2.0
             model_offset[:n][normal] = (centre - phi_bar[:n])[normal]
+        correlation_centre = correlation_width = np.zeros(0)
+        if released_curvature is not None:
+            fisher, fisher_noise, prior_curvature = released_curvature
+            correlation_centre, correlation_width = released_correlation_prior(
+                fisher, fisher_noise, prior_curvature(phi_bar), np.exp(v_mean[:n])
+            )
         return cls(
             count=jnp.asarray(float(count)),
             noise_count=jnp.asarray(float(noise_count)),
@@ -233,6 +349,8 @@ class TraceStatistics(NamedTuple):
             subsampling_scale=jnp.asarray(subsampling_scale, dtype=float),
             model_precision=jnp.asarray(model_precision),
             model_offset=jnp.asarray(model_offset),
+            correlation_centre=jnp.asarray(correlation_centre),
+            correlation_width=jnp.asarray(correlation_width),
         )
 
 
@@ -263,6 +381,9 @@ class ModelStructure:
     #: of :func:`lkj_concentration_centre`.  A Laplace fit needs a fixed η: the joint mode of a
     #: learned one is degenerate (the LKJ density at R = I grows without bound in η).
     lkj_eta: float | None = 2.0
+    #: The μ-block's correlation has the released-curvature prior of :class:`TraceStatistics`
+    #: instead of LKJ(η).
+    released_correlation: bool = False
 
 
 def n_correlations(stats: TraceStatistics, full: bool) -> int:
@@ -272,9 +393,10 @@ def n_correlations(stats: TraceStatistics, full: bool) -> int:
 
 
 def _n_concentrations(stats: TraceStatistics, structure: ModelStructure) -> int:
-    """1 when η is learned for a full μ-block (its log-concentration ρ = log(η − 1)), else 0."""
+    """1 when η is learned for a full μ-block under the LKJ prior (its log-concentration
+    ρ = log(η − 1)), else 0."""
     full = n_correlations(stats, structure.full_curvature) > 0
-    return int(full and structure.lkj_eta is None)
+    return int(full and structure.lkj_eta is None and not structure.released_correlation)
 
 
 def n_shape_parameters(stats: TraceStatistics, structure: ModelStructure) -> int:
@@ -391,7 +513,11 @@ def _noise_and_prior(
     _, v, y, rho, sub = unpack(params, d, n_corr, n_rho)
     variance = stats.noise_std**2
     log_prior = -0.5 * jnp.sum(((v - stats.prior_v_mean) / stats.prior_v_std) ** 2)
-    if n_corr:
+    if n_corr and structure.released_correlation:
+        log_prior = log_prior - 0.5 * jnp.sum(
+            ((y - stats.correlation_centre) / stats.correlation_width) ** 2
+        )
+    elif n_corr:
         chol, log_jac = correlation_cholesky(y, n)
         log_prior = log_prior + log_jac
         if structure.lkj_eta is None:
@@ -522,7 +648,7 @@ def initial_position(stats: TraceStatistics, structure: ModelStructure) -> jax.A
     parts = [
         jnp.zeros(0 if structure.integrated_optimum else d),
         stats.prior_v_mean,
-        jnp.zeros(n_corr),
+        stats.correlation_centre if structure.released_correlation else jnp.zeros(n_corr),
         jnp.full(n_rho, np.log(lkj_concentration_centre(d // 2) - 1)),  # η at the centre
     ]
     if structure.subsampling:
@@ -640,7 +766,7 @@ def _to_draws(
 def _concentration(
     positions: np.ndarray, d: int, n_corr: int, structure: ModelStructure
 ) -> np.ndarray | None:
-    if not n_corr:
+    if not n_corr or structure.released_correlation:
         return None
     if structure.lkj_eta is None:
         return 1 + np.exp(positions[..., 2 * d + n_corr])

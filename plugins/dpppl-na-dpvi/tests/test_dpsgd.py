@@ -12,7 +12,17 @@ from scipy import stats
 
 from dpppl import record_model
 from dpppl.plugin import GeometricTable, Progress, binomial_thresholds, copies_of
-from dpppl_na_dpvi.dpsgd import CountedRecords, DPSGDSettings, make_step, run_dpsgd
+from dpppl_na_dpvi.dpsgd import (
+    CURVATURE_CLIP_SCALE,
+    CURVATURE_SHARE,
+    CountedRecords,
+    DPSGDSettings,
+    curvature_matrix,
+    curvature_rows,
+    make_step,
+    release_bound,
+    run_dpsgd,
+)
 from dpppl_na_dpvi.heuristics import StandardisedSchedule
 
 SIGNIFICANCE = 1e-6
@@ -66,20 +76,70 @@ def test_the_batch_sum_is_bounded_by_the_bound_times_the_batch_size(model):
     assert 0.9 * 25 <= float(jnp.linalg.norm(grad)) <= 25 * (1 + 1e-12)
 
 
+def test_with_the_curvature_release_one_record_moves_the_release_by_at_most_its_bound(model):
+    """The gradient (norm ≤ C) and the curvature row (norm ≤ ρC) together: C·√(1 + ρ²)."""
+    step = jax.jit(make_step(model, capacity=1, mc_draws=4, curvature=True))
+    data = {k: jnp.asarray(v[:1]) for k, v in model.data().items()}
+    beta = jnp.array([1.0, 1.0, 50.0, 50.0])
+    bound = float(release_bound(0.7, curvature=True))
+    assert bound == pytest.approx(0.7 * np.sqrt(1 + CURVATURE_SHARE**2))
+    for seed in range(20):
+        out = step(far_phi(model), jax.random.key(seed), data,
+                   settings(model, sigma=0.0, bound=0.7, beta=beta))[1]
+        release = np.concatenate([out.noisy_sum, out.curvature])
+        assert np.linalg.norm(release) <= bound * (1 + 1e-12)
+        assert np.linalg.norm(out.curvature) <= CURVATURE_SHARE * 0.7 * (1 + 1e-12)
+
+
+def test_a_records_curvature_row_is_the_outer_product_of_its_released_mu_gradient(model):
+    """One record at q = 1 without noise: the curvature release is r rᵀ for its μ-gradient r as
+    released (clipped to C), clipped again to B = CURVATURE_CLIP_SCALE·√n."""
+    step = jax.jit(make_step(model, capacity=1, mc_draws=4, curvature=True))
+    data = {k: jnp.asarray(v[3:4]) for k, v in model.data().items()}
+    n, bound = model.n_params, 2.0
+    limit = CURVATURE_CLIP_SCALE * np.sqrt(n)
+    for phi in (far_phi(model), far_phi(model) / 40):
+        out = step(phi, jax.random.key(0), data, settings(model, sigma=0.0, bound=bound))[1]
+        r = np.asarray(out.noisy_sum[:n])
+        r = r * min(1.0, limit / np.linalg.norm(r))
+        np.testing.assert_allclose(
+            curvature_matrix(out.curvature, n, bound), np.outer(r, r), rtol=1e-10
+        )
+
+
+def test_curvature_rows_sum_to_the_sum_of_the_clipped_outer_products():
+    rng = np.random.default_rng(1)
+    n, bound = 5, 3.0
+    rows = rng.normal(size=(40, 2 * n)) * rng.choice([0.1, 1.0, 30.0], size=(40, 1))
+    released = curvature_rows(jnp.asarray(rows), n, bound)
+    assert np.linalg.norm(released, axis=1).max() <= CURVATURE_SHARE * bound * (1 + 1e-12)
+    limit = CURVATURE_CLIP_SCALE * np.sqrt(n)
+    mu = rows[:, :n] * np.minimum(1.0, limit / np.linalg.norm(rows[:, :n], axis=1))[:, None]
+    np.testing.assert_allclose(
+        curvature_matrix(np.asarray(released).sum(axis=0), n, bound), mu.T @ mu, rtol=1e-10
+    )
+
+
+@pytest.mark.parametrize("curvature", [False, True], ids=["gradients", "with curvature"])
 @pytest.mark.parametrize("grid", [None, 2.0**-20], ids=["float", "snapped"])
-def test_the_injected_noise_has_the_declared_standard_deviation(model, grid):
+def test_the_injected_noise_has_the_declared_standard_deviation(model, grid, curvature):
     """σC for float noise; σ(C + g√d) for the snapped release, whose rows are rounded to the
     grid g first, so its difference from the float noise-free sum is noise plus at most
-    64 g/2 per coordinate (10⁻⁵ of the noise std here)."""
-    clean_step = jax.jit(make_step(model, capacity=64, mc_draws=4))
-    step = jax.jit(make_step(model, capacity=64, mc_draws=4, snapped=grid is not None))
+    64 g/2 per coordinate (10⁻⁵ of the noise std here).  With the curvature release C is
+    C·√(1 + ρ²) and d counts the curvature rows, on every coordinate of the release."""
+    clean_step = jax.jit(make_step(model, capacity=64, mc_draws=4, curvature=curvature))
+    step = jax.jit(
+        make_step(model, capacity=64, mc_draws=4, snapped=grid is not None, curvature=curvature)
+    )
     data = {k: jnp.asarray(v) for k, v in model.data().items()}
     phi = far_phi(model)
     beta = jnp.array([1.0, 2.0, 30.0, 30.0])
     sigma, bound = 3.0, 0.8
     noisy_settings = settings(model, sigma=sigma, bound=bound, rate=0.3, beta=beta)
     clean_settings = settings(model, sigma=0.0, bound=bound, rate=0.3, beta=beta)
-    std = sigma * (bound if grid is None else bound + grid * 2)  # d = 4
+    dim = 4 + (3 if curvature else 0)  # 2n, and n(n + 1)/2 curvature entries
+    sensitivity = float(release_bound(bound, curvature))
+    std = sigma * (sensitivity if grid is None else sensitivity + grid * np.sqrt(dim))
     noise = []
     for seed in range(3000):
         key = jax.random.key(seed)
@@ -89,7 +149,9 @@ def test_the_injected_noise_has_the_declared_standard_deviation(model, grid):
         assert bool(noisy.exact)
         np.testing.assert_allclose(noisy.noisy_grad, noisy.noisy_sum / beta)
         noise.append(np.asarray(noisy.noisy_sum - clean.noisy_sum))
+        noise.append(np.asarray(noisy.curvature - clean.curvature))
     noise = np.concatenate(noise)
+    assert noise.size == 3000 * dim
     statistic = np.sum(noise**2) / std**2
     assert stats.chi2.sf(statistic, noise.size) > SIGNIFICANCE
     assert stats.chi2.cdf(statistic, noise.size) > SIGNIFICANCE
@@ -114,8 +176,11 @@ def test_records_are_included_at_the_sampling_rate(model):
     assert abs(counts.mean() - 0.2 * n) < 5 * np.sqrt(0.2 * 0.8 * n / len(counts))
 
 
+@pytest.mark.parametrize("curvature", [False, True], ids=["gradients", "with curvature"])
 @pytest.mark.parametrize("grid", [None, 2.0**-20], ids=["float", "snapped"])
-def test_a_step_that_counts_records_releases_what_a_step_on_their_copies_releases(model, grid):
+def test_a_step_that_counts_records_releases_what_a_step_on_their_copies_releases(
+    model, grid, curvature
+):
     """At q = 1 every copy is in the batch: a step that takes one gradient per possible record
     and counts its copies releases the sum a step over all the copies releases (snapped: bit for
     bit; float: up to the order of the sum)."""
@@ -127,16 +192,20 @@ def test_a_step_that_counts_records_releases_what_a_step_on_their_copies_release
     counted = CountedRecords(jax.tree.map(jnp.asarray, possible), jnp.asarray(np.stack(thresholds)))
     expanded = jax.tree.map(jnp.asarray, expanded)
     snapped = grid is not None
-    per_slot = jax.jit(make_step(model, capacity=130, mc_draws=4, snapped=snapped))
-    per_row = jax.jit(make_step(model, capacity=130, mc_draws=4, snapped=snapped, counted=True))
+    per_slot = jax.jit(
+        make_step(model, capacity=130, mc_draws=4, snapped=snapped, curvature=curvature)
+    )
+    per_row = jax.jit(make_step(model, capacity=130, mc_draws=4, snapped=snapped, counted=True,
+                                curvature=curvature))
     every = settings(model, sigma=1.0, bound=0.5, rate=1.0, lr=0.01)._replace(n_records=130)
     for seed in range(10):
         a = per_slot(far_phi(model) / 8, jax.random.key(seed), expanded, every, grid)[1]
         b = per_row(far_phi(model) / 8, jax.random.key(seed), counted, every, grid)[1]
-        if snapped:
-            np.testing.assert_array_equal(a.noisy_sum, b.noisy_sum)
-        else:
-            np.testing.assert_allclose(a.noisy_sum, b.noisy_sum, rtol=1e-12, atol=1e-12)
+        for released, counted_release in ((a.noisy_sum, b.noisy_sum), (a.curvature, b.curvature)):
+            if snapped:
+                np.testing.assert_array_equal(released, counted_release)
+            else:
+                np.testing.assert_allclose(released, counted_release, rtol=1e-12, atol=1e-12)
 
 
 def test_the_update_is_minus_learning_rate_times_the_noisy_gradient(model):

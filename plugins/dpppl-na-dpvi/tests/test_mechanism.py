@@ -128,6 +128,63 @@ def test_the_result_holds_the_trace_and_the_post_processing_posterior(model):
     assert p.shape == (2, 100) and ((p > 0) & (p < 1)).all()
 
 
+def correlated_regression(n_records=4000, correlation=0.8):
+    """y = x₁ − x₂ + noise with covariates of the given correlation: the ELBO's curvature in the
+    weights has correlation about ``correlation``."""
+    rng = np.random.default_rng(3)
+    x = rng.multivariate_normal([0, 0], [[1, correlation], [correlation, 1]], n_records)
+    with pm.Model(coords={"feature": range(2)}) as m:
+        X = pm.Data("X", x)
+        w = pm.Normal("w", 0, 1, dims="feature")
+        pm.Normal("y", X @ w, 1.0, observed=x[:, 0] - x[:, 1] + rng.normal(size=n_records))
+    return m
+
+
+def test_a_model_with_several_parameters_releases_its_curvature_in_the_same_sums():
+    """The curvature rows travel in each step's noisy sum: the event is unchanged, and the
+    snapped release's sensitivity covers rows of norm C√(1 + ρ²) in 2n + n(n + 1)/2 coordinates."""
+    from dpppl_na_dpvi.dpsgd import CURVATURE_SHARE
+
+    regression = correlated_regression()
+    accountant = get_accountant("rdp")()
+    plans = {}
+    for prior in ("released", "lkj"):
+        mechanism = get_mechanism("na-dpvi")(steps=1000, correlation_prior=prior)
+        mechanism.check_model(dpppl.record_model(regression))
+        plans[prior] = mechanism.plan(n_records=4000, epsilon=1.0, delta=1e-5, accountant=accountant)
+    released, lkj = plans["released"], plans["lkj"]
+    assert released.details["curvature_release"] and not lkj.details["curvature_release"]
+    assert released.event == poisson_subsampled_gaussian(released.noise_multiplier, 0.1, 1000)
+    # The same σ, up to the slightly larger share of δ the longer snapped release takes.
+    assert released.noise_multiplier == pytest.approx(lkj.noise_multiplier, rel=1e-5)
+    bound = default_clipping_bound(2) * math.sqrt(1 + CURVATURE_SHARE**2)
+    grid = released.details["grid"]
+    assert released.details["sensitivity"] == pytest.approx(bound + grid * math.sqrt(4 + 3))
+
+
+def test_the_result_holds_the_released_curvature_and_its_prior_reads_it():
+    regression = correlated_regression()
+    result = sample(regression, steps=1000, correlation_prior="released")
+    trace = result["dpvi_trace"]
+    curvature = trace["curvature_sum"]
+    assert curvature.dims == ("chunk", "mu_row", "mu_column")
+    np.testing.assert_array_equal(curvature.values, np.swapaxes(curvature.values, 1, 2))
+    starts = trace["chunk_start"].values
+    assert starts[0] == 1 and np.all(np.diff(starts) > 0) and starts[-1] <= 1000
+    post = result["postprocessing_posterior"]
+    assert "A_mu_correlation" in post and "A_mu_lkj_concentration" not in post
+    # The records' Fisher information in the weights has the covariates' correlation (0.8 less
+    # what clipping takes off), and the curvature's posterior follows it.
+    read = starts > json.loads(result.attrs["dp_mechanism_attrs"])["settled_step"]
+    fisher = curvature.values[read].sum(axis=0)
+    released = fisher[0, 1] / np.sqrt(fisher[0, 0] * fisher[1, 1])
+    assert 0.65 < released < 0.85
+    assert 0.6 < float(post["A_mu_correlation"].mean()) < 0.9
+    lkj = sample(regression, steps=1000, correlation_prior="lkj")
+    assert "curvature_sum" not in lkj["dpvi_trace"]
+    assert "A_mu_lkj_concentration" in lkj["postprocessing_posterior"]
+
+
 def test_the_anchored_steps_are_public_and_stay_at_the_mean_of_the_settled_moving_steps(model):
     result = sample(model, anchored=0.5)
     attrs = json.loads(result.attrs["dp_mechanism_attrs"])
@@ -254,6 +311,8 @@ def test_a_second_fit_of_the_same_model_compiles_nothing(model):
         ({"anchored": 1.0}, r"anchored must be in \[0, 1\)"),
         ({"steps": 30, "anchored": 0.9}, "at least 10 free steps"),
         ({"optimum_prior": "model-bounded", "optimum": "sampled"}, "use optimum='integrated'"),
+        ({"lkj_eta": None, "correlation_prior": "released"}, "correlation_prior='lkj'"),
+        ({"lkj_eta": 8.0, "correlation_prior": "released"}, "correlation_prior='lkj'"),
     ],
 )
 def test_invalid_options_are_refused_before_anything_runs(options, message):

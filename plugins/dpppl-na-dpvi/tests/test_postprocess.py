@@ -22,6 +22,8 @@ from dpppl_na_dpvi.postprocess import (
     initial_position,
     laplace_convergence,
     log_density,
+    partial_correlations,
+    released_correlation_prior,
     sample_laplace,
     sample_nuts,
 )
@@ -280,6 +282,74 @@ def test_the_correlation_factor_is_a_valid_cholesky_of_a_correlation_matrix():
     assert np.all(np.linalg.eigvalsh(corr) > 0)
 
 
+def random_correlation(rng, n):
+    factor = rng.normal(size=(n, 2 * n))
+    covariance = factor @ factor.T
+    root = np.sqrt(np.diag(covariance))
+    return covariance / np.outer(root, root)
+
+
+def correlation_of(y, n):
+    chol, _ = correlation_cholesky(jnp.asarray(y), n)
+    return np.asarray(chol @ chol.T)
+
+
+def test_partial_correlations_invert_the_correlation_factor():
+    rng = np.random.default_rng(12)
+    for n in (2, 3, 6):
+        correlation = random_correlation(rng, n)
+        y = np.arctanh(partial_correlations(correlation))
+        np.testing.assert_allclose(correlation_of(y, n), correlation, atol=1e-12)
+
+
+class TestTheReleasedCorrelationPrior:
+    """The prior of A's μ-block correlation from the released Fisher information."""
+
+    def test_without_noise_or_prior_curvature_it_is_centred_on_the_fishers_correlation(self):
+        rng = np.random.default_rng(13)
+        correlation = random_correlation(rng, 4)
+        scales = np.array([3.0, 0.5, 1.0, 20.0])  # clipping and standardisation: any scale
+        fisher = correlation * np.outer(scales, scales)
+        centre, width = released_correlation_prior(fisher, 0.0, np.zeros((4, 4)), np.ones(4))
+        np.testing.assert_allclose(correlation_of(centre, 4), correlation, atol=1e-12)
+        np.testing.assert_allclose(width, postprocess.RELEASED_CORRELATION_WIDTH)
+
+    def test_the_models_prior_curvature_takes_its_share_of_the_diagonal(self):
+        """A = P + S corr(F) S with S² = diag(A) − diag(P): a prior that holds a coordinate
+        tightly leaves less of the records' correlation in A's."""
+        fisher = np.array([[1.0, 0.8], [0.8, 1.0]])
+        prior = np.diag([2.0, 0.0])
+        diagonal = np.array([4.0, 1.0])  # the records' share: 2 and 1
+        centre, _ = released_correlation_prior(fisher, 0.0, prior, diagonal)
+        expected = 0.8 * np.sqrt(2.0 * 1.0) / np.sqrt(4.0 * 1.0)
+        np.testing.assert_allclose(correlation_of(centre, 2)[0, 1], expected, rtol=1e-12)
+
+    def test_its_width_grows_with_the_releases_noise(self):
+        fisher = random_correlation(np.random.default_rng(14), 3)
+        widths = [
+            released_correlation_prior(fisher, noise, np.zeros((3, 3)), np.ones(3))[1]
+            for noise in (0.0, 0.05, 0.2)
+        ]
+        assert np.all(widths[0] < widths[1]) and np.all(widths[1] < widths[2])
+        # 0.05 of unit information moves a partial correlation by about that much.
+        assert np.all(widths[1] ** 2 - widths[0] ** 2 > 0.02**2)
+
+    def test_a_coordinate_without_released_information_gets_no_correlation_from_it(self):
+        fisher = np.array([[1.0, 0.9, 0.5], [0.9, 1.0, 0.3], [0.5, 0.3, -0.1]])
+        centre, _ = released_correlation_prior(fisher, 0.0, np.zeros((3, 3)), np.ones(3))
+        correlation = correlation_of(centre, 3)
+        np.testing.assert_allclose(correlation[2, :2], 0.0, atol=1e-12)
+        assert correlation[0, 1] > 0.8
+
+    def test_an_indefinite_release_gives_a_well_conditioned_centre(self):
+        fisher = np.array([[1.0, 0.99, -0.99], [0.99, 1.0, 0.99], [-0.99, 0.99, 1.0]])
+        centre, width = released_correlation_prior(fisher, 0.3, np.zeros((3, 3)), np.ones(3))
+        eigenvalues = np.linalg.eigvalsh(correlation_of(centre, 3))
+        # Floored, then rescaled to a unit diagonal (which can lower it by the diagonal's growth).
+        assert eigenvalues.min() >= postprocess.RELEASED_CORRELATION_FLOOR / 2
+        assert np.all(np.isfinite(width))
+
+
 @pytest.mark.parametrize("full", [True, False], ids=["full", "diagonal"])
 def test_the_stored_diagonal_and_correlations_rebuild_every_curvature_matrix(full):
     """Draws keep A by its diagonal and the correlations of its μ-block, not d × d numbers each."""
@@ -311,19 +381,25 @@ def correlated_stats(rng):
     noise_std = np.array([400.0, 400.0, 0.4, 0.4])
     phi_star = np.array([0.05, -0.02, *[float(softplus_inverse(VARIANCE))] * 2])
     phi, grads = simulate_correlated(rng, phi_star, a, noise_std, steps=3000)
+    # A released Fisher information with the μ-block's correlation (read by the released prior).
+    released = (a[:2, :2] * 1e-3, 0.05, lambda phi: np.zeros((2, 2)))
     return TraceStatistics.from_trace(phi, grads, burn_in=500, noise_std=noise_std, rate=KAPPA,
                                       subsampling_scale=np.full(4, 50.0), curvature_prior="trace",
                                       # As narrow as the trace's information about δ, so the
                                       # model-bounded prior differs from the unit-information one.
                                       model_prior=(np.array([0.1, 0.0]), np.array([0.01, 0.03]),
-                                                   np.array([True, True])))
+                                                   np.array([True, True])),
+                                      released_curvature=released)
 
 
 @pytest.mark.parametrize("optimum_prior", ["unit-information", "standard-normal"])
 @pytest.mark.parametrize("subsampling", [False, True])
-@pytest.mark.parametrize("lkj_eta", [2.0, None], ids=["fixed-eta", "learned-eta"])
+@pytest.mark.parametrize(
+    ("lkj_eta", "released"), [(2.0, False), (None, False), (2.0, True)],
+    ids=["fixed-eta", "learned-eta", "released"],
+)
 def test_the_integrated_density_is_the_sampled_one_with_the_optimum_integrated_out(
-    subsampling, optimum_prior, lkj_eta
+    subsampling, optimum_prior, lkj_eta, released
 ):
     """The density is Gaussian in δ, so Laplace's formula is exact:
     log ∫ p(δ, ψ) dδ = log p(δ̂, ψ) + (d/2) log 2π − ½ log |−H|, and the Gaussian prior's
@@ -331,10 +407,11 @@ def test_the_integrated_density_is_the_sampled_one_with_the_optimum_integrated_o
     integral has a closed form free of A, which this checks against the general one.)"""
     stats = correlated_stats(np.random.default_rng(7))
     sampled = ModelStructure(full_curvature=True, subsampling=subsampling,
-                             optimum_prior=optimum_prior, lkj_eta=lkj_eta)
+                             optimum_prior=optimum_prior, lkj_eta=lkj_eta,
+                             released_correlation=released)
     integrated = ModelStructure(full_curvature=True, subsampling=subsampling,
                                 integrated_optimum=True, optimum_prior=optimum_prior,
-                                lkj_eta=lkj_eta)
+                                lkj_eta=lkj_eta, released_correlation=released)
     rng = np.random.default_rng(8)
     base = initial_position(stats, integrated)
     for _ in range(3):
