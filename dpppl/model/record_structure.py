@@ -284,7 +284,7 @@ def _bound_value(model: pm.Model, bound: object) -> np.ndarray | None:
         return np.asarray(bound)
     if set(ancestors([bound])) & set(model.free_RVs):
         return None
-    return np.asarray(bound.eval())
+    return value_of(bound)
 
 
 def _check_support(model: pm.Model, rv: Variable, value: np.ndarray) -> None:

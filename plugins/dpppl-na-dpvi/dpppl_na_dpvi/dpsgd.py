@@ -56,14 +56,10 @@ CURVATURE_SHARE = 0.5
 CURVATURE_CLIP_SCALE = 1.25
 
 
-def curvature_size(n_params: int) -> int:
-    """Entries of a curvature row: the upper triangle of an n × n outer product, diagonal included."""
-    return n_params * (n_params + 1) // 2
-
-
 def release_dim(n_params: int, curvature: bool) -> int:
-    """Coordinates of one step's release: the 2n gradient coordinates, and the curvature rows."""
-    return 2 * n_params + (curvature_size(n_params) if curvature else 0)
+    """Coordinates of one step's release: the 2n gradient coordinates, and the curvature row's
+    n(n + 1)/2 (the upper triangle of an n × n outer product, diagonal included)."""
+    return 2 * n_params + (n_params * (n_params + 1) // 2 if curvature else 0)
 
 
 def release_bound(clipping_bound: float | jax.Array, curvature: bool) -> float | jax.Array:

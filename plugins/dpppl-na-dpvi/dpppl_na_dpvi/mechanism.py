@@ -793,14 +793,9 @@ def _prior_curvature(model: RecordModel):
     model structure."""
 
     def build():
-        n = model.n_params
-        half = jax.random.normal(jax.random.key(0), (PRIOR_CURVATURE_DRAWS // 2, n))
-        eps = jax.numpy.concatenate([half, -half])
-
         def curvature(phi):
-            mu, sd = model.variational_split(phi)
-            hessians = jax.vmap(jax.hessian(model.logprior))(mu + sd * eps)
-            return -hessians.mean(axis=0)
+            draws = model.draw_variational(phi, jax.random.key(0), PRIOR_CURVATURE_DRAWS)
+            return -jax.vmap(jax.hessian(model.logprior))(draws).mean(axis=0)
 
         return jax.jit(curvature)
 
