@@ -231,7 +231,8 @@ class NADPVI(Mechanism):
         trace's wander informs the correlations, that regression is on the K = 100 floor at
         ε = 1 (0.040) and the unknown-scale class study is calibrated (0.036), but at ε = 0.3
         the release of its 12 × 12 correlation is noisy enough to centre A on a nearly singular
-        matrix (0.127, too wide), and the varying intercepts are too wide (0.074).  Both
+        matrix (0.127, too wide), at ε = 0.1 a fit's posterior draws were not finite, and
+        the varying intercepts are too wide (0.074).  Both
         priors need ``curvature`` full; a diagonal A releases nothing extra.
     lkj_eta
         With ``correlation_prior="lkj"``: η of the LKJ prior (default 2).  None
