@@ -247,3 +247,25 @@ def test_fits_of_freshly_built_models_compile_nothing_and_keep_memory_flat(
     maps_after, resident_after = _memory()
     assert maps_after - maps <= 5 * fits
     assert resident_after - resident <= 5 * fits
+
+
+def test_non_finite_posterior_draws_are_warned_about_and_the_release_kept(
+    regression_model, monkeypatch
+):
+    """NA-DPVI once returned non-finite draws from an unsettled trace at ε = 0.1, and a single
+    fit handed them over silently; here the real mechanism's release has some made non-finite."""
+    mechanism_class = get_mechanism("na-dpvi")
+    honest = mechanism_class.fit
+
+    def spoiled_fit(self, *args, **kwargs):
+        release = honest(self, *args, **kwargs)
+        release.draws[0, :3, 0] = np.nan
+        release.draws[1, 0, -1] = np.inf
+        return release
+
+    monkeypatch.setattr(mechanism_class, "fit", spoiled_fit)
+    with pytest.warns(UserWarning, match=r"4 of 200 posterior draws of 'na-dpvi' have non-fini"):
+        result = fit(regression_model)
+    posterior = result["posterior"].to_dataset()
+    assert sum(int(np.isnan(v.values).sum()) for v in posterior.data_vars.values()) > 0
+    assert result.attrs["dp_epsilon"] <= 1.0
