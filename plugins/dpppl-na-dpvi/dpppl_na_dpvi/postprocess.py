@@ -34,7 +34,10 @@ Departures from the paper, where it is ambiguous or where measurement showed it 
   centred to grow with the dimension: :func:`lkj_concentration_centre`), under which the class
   studies' GLMs are several times too wide; with ``correlation_prior="released"`` DP-SGD
   releases the records' Fisher information too, and R's prior is centred on what it says
-  (:func:`released_correlation_prior`).
+  (:func:`released_correlation_prior`); with ``"released-likelihood"`` the release is read as an
+  observation of the correlations of the records' share of A beside R's LKJ prior
+  (:func:`released_fisher_correlations`), so a noisy release cannot centre A on a singular
+  matrix.
 * The paper's prior on the optimum, φ* ~ N(φ̄, I), is in whatever units φ has, and is usually
   hundreds of posterior standard deviations wide.  Integrating δ = φ* − φ̄ out of such a prior
   leaves the factor |I + J|^(−½) ∝ 1/|det A| in A's posterior (J = T (κA)ᵀV⁻¹(κA), the
@@ -163,25 +166,60 @@ def released_correlation_prior(
     prior_curvature = np.asarray(prior_curvature, dtype=float)
     diagonal = np.asarray(diagonal, dtype=float)
     centre = _released_correlations(fisher, prior_curvature, diagonal)
-    n = fisher.shape[0]
-    noise = np.random.default_rng(0).normal(
-        0.0, noise_std, (RELEASED_CORRELATION_REDRAWS, n, n)
-    )
-    noise = np.triu(noise) + np.swapaxes(np.triu(noise, 1), -1, -2)
     redrawn = np.stack(
-        [_released_correlations(fisher + e, prior_curvature, diagonal) for e in noise]
+        [
+            _released_correlations(fisher + e, prior_curvature, diagonal)
+            for e in _noise_redraws(noise_std, fisher.shape[0])
+        ]
     )
     width = np.sqrt(redrawn.var(axis=0) + RELEASED_CORRELATION_WIDTH**2)
     return centre, width
+
+
+def released_fisher_correlations(
+    fisher: np.ndarray, noise_std: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The released Fisher information's correlations, row by row below the diagonal, and the
+    standard deviation each has as an observation of the records' curvature: its spread over
+    ``RELEASED_CORRELATION_REDRAWS`` redraws of the release's noise (public), with
+    ``RELEASED_CORRELATION_WIDTH`` added in quadrature for what clipping and the gap between the
+    Fisher information and the Hessian leave.  A coordinate whose released information is not
+    positive says nothing about its correlations (their deviation is
+    ``UNINFORMATIVE_DEVIATION``)."""
+    fisher = np.asarray(fisher, dtype=float)
+    n = fisher.shape[0]
+    rows, cols = np.tril_indices(n, -1)
+    redrawn = np.stack(
+        [_fisher_correlation(fisher + e)[rows, cols] for e in _noise_redraws(noise_std, n)]
+    )
+    std = np.sqrt(redrawn.var(axis=0) + RELEASED_CORRELATION_WIDTH**2)
+    informative = np.diagonal(fisher) > 0
+    std = np.where(informative[rows] & informative[cols], std, UNINFORMATIVE_DEVIATION)
+    return _fisher_correlation(fisher)[rows, cols], std
+
+
+def _noise_redraws(noise_std: float, n: int) -> np.ndarray:
+    """``RELEASED_CORRELATION_REDRAWS`` symmetric n × n redraws of the release's noise, with
+    independent entries on and above the diagonal (a fixed seed: the noise is public)."""
+    noise = np.random.default_rng(0).normal(0.0, noise_std, (RELEASED_CORRELATION_REDRAWS, n, n))
+    return np.triu(noise) + np.swapaxes(np.triu(noise, 1), -1, -2)
+
+
+#: Standard deviation given to a released correlation that carries no information.
+UNINFORMATIVE_DEVIATION = 1e6
+
+
+def _fisher_correlation(fisher: np.ndarray) -> np.ndarray:
+    information = np.diagonal(fisher)
+    scale = np.where(information > 0, np.sqrt(np.abs(information)), np.inf)
+    return np.clip(fisher / np.outer(scale, scale), -1.0, 1.0)
 
 
 def _released_correlations(
     fisher: np.ndarray, prior_curvature: np.ndarray, diagonal: np.ndarray
 ) -> np.ndarray:
     """y = atanh(z) of the centre R̂ of :func:`released_correlation_prior`."""
-    information = np.diagonal(fisher)
-    scale = np.where(information > 0, np.sqrt(np.abs(information)), np.inf)
-    fisher_correlation = np.clip(fisher / np.outer(scale, scale), -1.0, 1.0)
+    fisher_correlation = _fisher_correlation(fisher)
     share = np.sqrt(
         np.maximum(diagonal - np.diagonal(prior_curvature), LIKELIHOOD_SHARE_FLOOR * diagonal)
     )
@@ -240,6 +278,13 @@ class TraceStatistics(NamedTuple):
     #: without the release.
     correlation_centre: jax.Array = jnp.zeros(0)
     correlation_width: jax.Array = jnp.zeros(0)
+    #: The release read as an observation of the records' share of the μ-block
+    #: (:func:`released_fisher_correlations`): its correlations and their standard deviations,
+    #: and the model's prior curvature at φ̄ (n × n) that A's μ-block adds to that share; empty
+    #: without the release.
+    fisher_correlation: jax.Array = jnp.zeros(0)
+    fisher_correlation_std: jax.Array = jnp.zeros(0)
+    prior_curvature: jax.Array = jnp.zeros((0, 0))
 
     @classmethod
     def from_trace(
@@ -328,12 +373,15 @@ class TraceStatistics(NamedTuple):
             normal = normal.astype(bool)
             model_precision[:n][normal] = scale[normal] ** -2.0
             model_offset[:n][normal] = (centre - phi_bar[:n])[normal]
-        correlation_centre = correlation_width = np.zeros(0)
+        correlation_centre = correlation_width = fisher_correlation = fisher_std = np.zeros(0)
+        prior_curvature_mu = np.zeros((0, 0))
         if released_curvature is not None:
             fisher, fisher_noise, prior_curvature = released_curvature
+            prior_curvature_mu = prior_curvature(phi_bar)
             correlation_centre, correlation_width = released_correlation_prior(
-                fisher, fisher_noise, prior_curvature(phi_bar), np.exp(v_mean[:n])
+                fisher, fisher_noise, prior_curvature_mu, np.exp(v_mean[:n])
             )
+            fisher_correlation, fisher_std = released_fisher_correlations(fisher, fisher_noise)
         return cls(
             count=jnp.asarray(float(count)),
             noise_count=jnp.asarray(float(noise_count)),
@@ -351,6 +399,9 @@ class TraceStatistics(NamedTuple):
             model_offset=jnp.asarray(model_offset),
             correlation_centre=jnp.asarray(correlation_centre),
             correlation_width=jnp.asarray(correlation_width),
+            fisher_correlation=jnp.asarray(fisher_correlation),
+            fisher_correlation_std=jnp.asarray(fisher_std),
+            prior_curvature=jnp.asarray(prior_curvature_mu, dtype=float),
         )
 
 
@@ -384,6 +435,9 @@ class ModelStructure:
     #: The μ-block's correlation has the released-curvature prior of :class:`TraceStatistics`
     #: instead of LKJ(η).
     released_correlation: bool = False
+    #: The released curvature is read as an observation of the μ-block's correlation, beside
+    #: its LKJ(η) prior (:func:`_released_likelihood`).
+    released_likelihood: bool = False
 
 
 def n_correlations(stats: TraceStatistics, full: bool) -> int:
@@ -531,10 +585,27 @@ def _noise_and_prior(
             )
         else:
             log_prior = log_prior + _lkj_cholesky_logp(chol, structure.lkj_eta)
+        if structure.released_likelihood:
+            log_prior = log_prior + _released_likelihood(v[:n], chol, stats)
     if sub.shape[0]:
         variance = variance + sub**2
         log_prior = log_prior - 0.5 * jnp.sum((sub / stats.subsampling_scale) ** 2)
     return variance, log_prior
+
+
+def _released_likelihood(v_mu: jax.Array, chol: jax.Array, stats: TraceStatistics) -> jax.Array:
+    """log density of the released Fisher correlations given the μ-block A = D^½ R D^½: they
+    observe the correlations of the records' share A − P (P the model's prior curvature), each
+    with its own standard deviation, and each diagonal share at least
+    ``LIKELIHOOD_SHARE_FLOOR`` of A's."""
+    n = v_mu.shape[0]
+    scale = jnp.exp(0.5 * v_mu)
+    share = scale[:, None] * (chol @ chol.T) * scale[None, :] - stats.prior_curvature
+    diagonal = jnp.maximum(jnp.diagonal(share), LIKELIHOOD_SHARE_FLOOR * scale**2)
+    rows, cols = np.tril_indices(n, -1)
+    correlation = share[rows, cols] / jnp.sqrt(diagonal[rows] * diagonal[cols])
+    residual = (stats.fisher_correlation - correlation) / stats.fisher_correlation_std
+    return -0.5 * jnp.sum(residual**2)
 
 
 def _trace_information(ka: jax.Array, variance: jax.Array, stats: TraceStatistics) -> jax.Array:
@@ -648,7 +719,11 @@ def initial_position(stats: TraceStatistics, structure: ModelStructure) -> jax.A
     parts = [
         jnp.zeros(0 if structure.integrated_optimum else d),
         stats.prior_v_mean,
-        stats.correlation_centre if structure.released_correlation else jnp.zeros(n_corr),
+        (
+            stats.correlation_centre
+            if structure.released_correlation or structure.released_likelihood
+            else jnp.zeros(n_corr)
+        ),
         jnp.full(n_rho, np.log(lkj_concentration_centre(d // 2) - 1)),  # η at the centre
     ]
     if structure.subsampling:

@@ -185,6 +185,17 @@ def test_the_result_holds_the_released_curvature_and_its_prior_reads_it():
     assert "A_mu_lkj_concentration" in lkj["postprocessing_posterior"]
 
 
+def test_the_released_likelihood_reads_the_same_release_beside_the_lkj_prior():
+    regression = correlated_regression()
+    result = sample(regression, steps=1000, correlation_prior="released-likelihood")
+    assert "curvature_sum" in result["dpvi_trace"]
+    post = result["postprocessing_posterior"]
+    # The LKJ prior stays (its η is recorded) and the release moves the correlation from its
+    # centre 0 towards the covariates' 0.8.
+    assert float(post["A_mu_lkj_concentration"].mean()) == 2.0
+    assert 0.5 < float(post["A_mu_correlation"].mean()) < 0.9
+
+
 def test_the_anchored_steps_are_public_and_stay_at_the_mean_of_the_settled_moving_steps(model):
     result = sample(model, anchored=0.5)
     attrs = json.loads(result.attrs["dp_mechanism_attrs"])

@@ -24,6 +24,7 @@ from dpppl_na_dpvi.postprocess import (
     log_density,
     partial_correlations,
     released_correlation_prior,
+    released_fisher_correlations,
     sample_laplace,
     sample_nuts,
 )
@@ -350,6 +351,60 @@ class TestTheReleasedCorrelationPrior:
         assert np.all(np.isfinite(width))
 
 
+class TestTheReleasedCorrelationLikelihood:
+    """The released Fisher information read as an observation of the records' share of A's
+    μ-block, beside its LKJ prior."""
+
+    def test_without_noise_it_observes_the_fishers_correlations_at_the_fixed_width(self):
+        rng = np.random.default_rng(15)
+        correlation = random_correlation(rng, 4)
+        scales = np.array([3.0, 0.5, 1.0, 20.0])
+        observed, std = released_fisher_correlations(
+            correlation * np.outer(scales, scales), 0.0
+        )
+        rows, cols = np.tril_indices(4, -1)
+        np.testing.assert_allclose(observed, correlation[rows, cols], atol=1e-12)
+        np.testing.assert_allclose(std, postprocess.RELEASED_CORRELATION_WIDTH)
+
+    def test_its_deviations_grow_with_the_releases_noise_as_redraws_of_it_say(self):
+        fisher = np.eye(3)
+        _, std = released_fisher_correlations(fisher, 0.1)
+        # A correlation of two unit informations moves by about the noise of their cross term.
+        noise = np.sqrt(std**2 - postprocess.RELEASED_CORRELATION_WIDTH**2)
+        np.testing.assert_allclose(noise, 0.1, rtol=0.25)
+
+    def test_a_coordinate_without_released_information_observes_nothing(self):
+        fisher = np.array([[1.0, 0.9, 0.5], [0.9, 1.0, 0.3], [0.5, 0.3, -0.1]])
+        _, std = released_fisher_correlations(fisher, 0.0)
+        # Entries (1, 0), (2, 0), (2, 1): only the first is between informative coordinates.
+        assert std[0] == postprocess.RELEASED_CORRELATION_WIDTH
+        np.testing.assert_array_equal(std[1:], postprocess.UNINFORMATIVE_DEVIATION)
+
+    def test_it_favours_the_curvature_whose_share_the_release_observed(self):
+        """A = P + S R S: with the model's prior curvature P taken off, the correlation the
+        release saw is the density's best, and a curvature without it is worse."""
+        rng = np.random.default_rng(16)
+        n = 3
+        share = random_correlation(rng, n) * 4.0
+        prior = np.diag([1.0, 0.5, 2.0])
+        a = prior + share
+        stats = TraceStatistics.from_trace(
+            rng.normal(size=(201, 2 * n)), rng.normal(size=(200, 2 * n)), burn_in=0,
+            noise_std=np.ones(2 * n), rate=KAPPA, subsampling_scale=np.zeros(2 * n),
+            released_curvature=(share * 7.0, 0.0, lambda phi: prior),
+        )
+        scale = np.sqrt(np.diagonal(a))
+        truth = np.arctanh(partial_correlations(a / np.outer(scale, scale)))
+        v = jnp.concatenate([jnp.log(jnp.asarray(np.diagonal(a))), jnp.zeros(n)])
+
+        def released_term(y):
+            chol, _ = correlation_cholesky(jnp.asarray(y), n)
+            return postprocess._released_likelihood(v[:n], chol, stats)
+
+        assert float(released_term(truth)) == pytest.approx(0.0, abs=1e-9)
+        assert float(released_term(np.zeros_like(truth))) < -1.0
+
+
 @pytest.mark.parametrize("full", [True, False], ids=["full", "diagonal"])
 def test_the_stored_diagonal_and_correlations_rebuild_every_curvature_matrix(full):
     """Draws keep A by its diagonal and the correlations of its μ-block, not d × d numbers each."""
@@ -395,8 +450,8 @@ def correlated_stats(rng):
 @pytest.mark.parametrize("optimum_prior", ["unit-information", "standard-normal"])
 @pytest.mark.parametrize("subsampling", [False, True])
 @pytest.mark.parametrize(
-    ("lkj_eta", "released"), [(2.0, False), (None, False), (2.0, True)],
-    ids=["fixed-eta", "learned-eta", "released"],
+    ("lkj_eta", "released"), [(2.0, False), (None, False), (2.0, True), (2.0, "likelihood")],
+    ids=["fixed-eta", "learned-eta", "released", "released-likelihood"],
 )
 def test_the_integrated_density_is_the_sampled_one_with_the_optimum_integrated_out(
     subsampling, optimum_prior, lkj_eta, released
@@ -408,10 +463,12 @@ def test_the_integrated_density_is_the_sampled_one_with_the_optimum_integrated_o
     stats = correlated_stats(np.random.default_rng(7))
     sampled = ModelStructure(full_curvature=True, subsampling=subsampling,
                              optimum_prior=optimum_prior, lkj_eta=lkj_eta,
-                             released_correlation=released)
+                             released_correlation=released is True,
+                             released_likelihood=released == "likelihood")
     integrated = ModelStructure(full_curvature=True, subsampling=subsampling,
                                 integrated_optimum=True, optimum_prior=optimum_prior,
-                                lkj_eta=lkj_eta, released_correlation=released)
+                                lkj_eta=lkj_eta, released_correlation=released is True,
+                                released_likelihood=released == "likelihood")
     rng = np.random.default_rng(8)
     base = initial_position(stats, integrated)
     for _ in range(3):
