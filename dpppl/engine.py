@@ -96,15 +96,16 @@ def run_mechanism(
     """Fit ``mechanism`` on ``data``; returns the release and whether a fixed seed was used."""
     seed = np.random.SeedSequence(random_seed)
     release = mechanism.fit(model, data, plan, seed=seed, progress=Progress(progressbar))
-    if not np.isfinite(release.draws).all():
-        release.warnings.append(_non_finite_draws_message(release.draws, mechanism.name))
+    bad = ~np.isfinite(release.draws).all(axis=-1)
+    if bad.any():
+        release.warnings.append(_non_finite_draws_message(bad, mechanism.name))
     return release, random_seed is not None
 
 
-def _non_finite_draws_message(draws: np.ndarray, mechanism: str) -> str:
-    """A warning for posterior draws with non-finite values: the budget is spent, so the release
-    is kept, but summaries of such draws mean nothing and the user must hear why."""
-    bad = ~np.isfinite(draws).all(axis=-1)
+def _non_finite_draws_message(bad: np.ndarray, mechanism: str) -> str:
+    """A warning for posterior draws with non-finite values (``bad``: per draw): the budget is
+    spent, so the release is kept, but summaries of such draws mean nothing and the user must
+    hear why."""
     return (
         f"{int(bad.sum())} of {bad.size} posterior draws of {mechanism!r} have non-finite "
         "values, so summaries and plots of this posterior are not to be trusted. The privacy "

@@ -242,8 +242,8 @@ class NADPVI(Mechanism):
         0.029 / 0.028 / 0.026 / 0.028 and the varying intercepts at 0.045 (their group mean and
         scale over-confident, their slope too wide) and the 10-D regression (K = 100) at 0.042
         for ε = 1; at ε = 0.1 its posterior draws stay finite where ``"released"``'s did not,
-        and at ε = 0.3 that regression is as too wide as with either prior (0.123).  Both released priors need ``curvature`` full; a diagonal
-        A releases nothing extra.
+        and at ε = 0.3 that regression is as too wide as with either prior (0.123).  Both
+        released priors need ``curvature`` full; a diagonal A releases nothing extra.
     lkj_eta
         With ``correlation_prior="lkj"``: η of the LKJ prior (default 2).  None
         learns η under a hyperprior whose centre grows with the number of parameters
@@ -724,6 +724,7 @@ class NADPVI(Mechanism):
             self._statistics(model, trace, start, settings, grid)
             for trace, start, settings in zip(traces, starts, finals, strict=True)
         ]
+        releases = o.releases_curvature(model.n_params)
         structure = ModelStructure(
             full_curvature=o.full_curvature(model.n_params),
             subsampling=o.subsampling_noise,
@@ -732,13 +733,8 @@ class NADPVI(Mechanism):
             lkj_eta=o.lkj_eta if o.lkj_eta is not None or o.inference == "nuts" else (
                 lkj_concentration_centre(model.n_params)
             ),
-            released_correlation=(
-                o.releases_curvature(model.n_params) and o.correlation_prior == "released"
-            ),
-            released_likelihood=(
-                o.releases_curvature(model.n_params)
-                and o.correlation_prior == "released-likelihood"
-            ),
+            released_correlation=releases and o.correlation_prior == "released",
+            released_likelihood=releases and o.correlation_prior == "released-likelihood",
         )
         options = dict(
             draws=o.draws, chains=o.chains, structure=structure, cache=model.cached,
