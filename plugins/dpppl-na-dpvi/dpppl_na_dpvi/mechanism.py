@@ -733,8 +733,7 @@ class NADPVI(Mechanism):
             lkj_eta=o.lkj_eta if o.lkj_eta is not None or o.inference == "nuts" else (
                 lkj_concentration_centre(model.n_params)
             ),
-            released_correlation=releases and o.correlation_prior == "released",
-            released_likelihood=releases and o.correlation_prior == "released-likelihood",
+            correlation_prior=o.correlation_prior if releases else "lkj",
         )
         options = dict(
             draws=o.draws, chains=o.chains, structure=structure, cache=model.cached,

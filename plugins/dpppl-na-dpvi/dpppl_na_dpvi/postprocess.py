@@ -63,7 +63,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import blackjax
 import jax
@@ -327,8 +327,10 @@ class TraceStatistics(NamedTuple):
         ``released_curvature`` is the released empirical Fisher information of the records'
         μ-gradients, averaged over the steps read (n × n, any positive scale), the standard
         deviation of its noise per entry, and the curvature of the model's prior part of the
-        ELBO in μ as a function of φ (public); the μ-block's correlation then gets the prior of
-        :func:`released_correlation_prior` at φ̄.
+        ELBO in μ as a function of φ (public).  Both readings of it are kept, whichever
+        :attr:`ModelStructure.correlation_prior` asks for: the prior of
+        :func:`released_correlation_prior` at φ̄ (whose centre also starts NUTS for the
+        likelihood reading) and the observations of :func:`released_fisher_correlations`.
         """
         end = len(noisy_grad) - anchored
         x = phi[burn_in:end]
@@ -432,12 +434,12 @@ class ModelStructure:
     #: of :func:`lkj_concentration_centre`.  A Laplace fit needs a fixed η: the joint mode of a
     #: learned one is degenerate (the LKJ density at R = I grows without bound in η).
     lkj_eta: float | None = 2.0
-    #: The μ-block's correlation has the released-curvature prior of :class:`TraceStatistics`
-    #: instead of LKJ(η).
-    released_correlation: bool = False
-    #: The released curvature is read as an observation of the μ-block's correlation, beside
-    #: its LKJ(η) prior (:func:`_released_likelihood`).
-    released_likelihood: bool = False
+    #: Prior of the μ-block's correlation: ``"lkj"``, LKJ(η); ``"released"``, the
+    #: released-curvature prior of :class:`TraceStatistics` instead; ``"released-likelihood"``,
+    #: LKJ(η) with the released curvature read as an observation of the correlation
+    #: (:func:`_released_likelihood`).  Both released readings start NUTS at the released
+    #: prior's centre.
+    correlation_prior: Literal["lkj", "released", "released-likelihood"] = "lkj"
 
 
 def n_correlations(stats: TraceStatistics, full: bool) -> int:
@@ -450,7 +452,7 @@ def _n_concentrations(stats: TraceStatistics, structure: ModelStructure) -> int:
     """1 when η is learned for a full μ-block under the LKJ prior (its log-concentration
     ρ = log(η − 1)), else 0."""
     full = n_correlations(stats, structure.full_curvature) > 0
-    return int(full and structure.lkj_eta is None and not structure.released_correlation)
+    return int(full and structure.lkj_eta is None and structure.correlation_prior != "released")
 
 
 def n_shape_parameters(stats: TraceStatistics, structure: ModelStructure) -> int:
@@ -567,7 +569,7 @@ def _noise_and_prior(
     _, v, y, rho, sub = unpack(params, d, n_corr, n_rho)
     variance = stats.noise_std**2
     log_prior = -0.5 * jnp.sum(((v - stats.prior_v_mean) / stats.prior_v_std) ** 2)
-    if n_corr and structure.released_correlation:
+    if n_corr and structure.correlation_prior == "released":
         log_prior = log_prior - 0.5 * jnp.sum(
             ((y - stats.correlation_centre) / stats.correlation_width) ** 2
         )
@@ -585,7 +587,7 @@ def _noise_and_prior(
             )
         else:
             log_prior = log_prior + _lkj_cholesky_logp(chol, structure.lkj_eta)
-        if structure.released_likelihood:
+        if structure.correlation_prior == "released-likelihood":
             log_prior = log_prior + _released_likelihood(v[:n], chol, stats)
     if sub.shape[0]:
         variance = variance + sub**2
@@ -721,7 +723,7 @@ def initial_position(stats: TraceStatistics, structure: ModelStructure) -> jax.A
         stats.prior_v_mean,
         (
             stats.correlation_centre
-            if structure.released_correlation or structure.released_likelihood
+            if structure.correlation_prior != "lkj"
             else jnp.zeros(n_corr)
         ),
         jnp.full(n_rho, np.log(lkj_concentration_centre(d // 2) - 1)),  # η at the centre
@@ -841,7 +843,7 @@ def _to_draws(
 def _concentration(
     positions: np.ndarray, d: int, n_corr: int, structure: ModelStructure
 ) -> np.ndarray | None:
-    if not n_corr or structure.released_correlation:
+    if not n_corr or structure.correlation_prior == "released":
         return None
     if structure.lkj_eta is None:
         return 1 + np.exp(positions[..., 2 * d + n_corr])

@@ -450,11 +450,12 @@ def correlated_stats(rng):
 @pytest.mark.parametrize("optimum_prior", ["unit-information", "standard-normal"])
 @pytest.mark.parametrize("subsampling", [False, True])
 @pytest.mark.parametrize(
-    ("lkj_eta", "released"), [(2.0, False), (None, False), (2.0, True), (2.0, "likelihood")],
+    ("lkj_eta", "correlation_prior"),
+    [(2.0, "lkj"), (None, "lkj"), (2.0, "released"), (2.0, "released-likelihood")],
     ids=["fixed-eta", "learned-eta", "released", "released-likelihood"],
 )
 def test_the_integrated_density_is_the_sampled_one_with_the_optimum_integrated_out(
-    subsampling, optimum_prior, lkj_eta, released
+    subsampling, optimum_prior, lkj_eta, correlation_prior
 ):
     """The density is Gaussian in δ, so Laplace's formula is exact:
     log ∫ p(δ, ψ) dδ = log p(δ̂, ψ) + (d/2) log 2π − ½ log |−H|, and the Gaussian prior's
@@ -463,12 +464,10 @@ def test_the_integrated_density_is_the_sampled_one_with_the_optimum_integrated_o
     stats = correlated_stats(np.random.default_rng(7))
     sampled = ModelStructure(full_curvature=True, subsampling=subsampling,
                              optimum_prior=optimum_prior, lkj_eta=lkj_eta,
-                             released_correlation=released is True,
-                             released_likelihood=released == "likelihood")
+                             correlation_prior=correlation_prior)
     integrated = ModelStructure(full_curvature=True, subsampling=subsampling,
                                 integrated_optimum=True, optimum_prior=optimum_prior,
-                                lkj_eta=lkj_eta, released_correlation=released is True,
-                                released_likelihood=released == "likelihood")
+                                lkj_eta=lkj_eta, correlation_prior=correlation_prior)
     rng = np.random.default_rng(8)
     base = initial_position(stats, integrated)
     for _ in range(3):
