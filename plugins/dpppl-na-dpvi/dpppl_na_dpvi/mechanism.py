@@ -731,7 +731,9 @@ class NADPVI(Mechanism):
             integrated_optimum=o.optimum == "integrated",
             optimum_prior=o.optimum_prior,
             lkj_eta=o.lkj_eta if o.lkj_eta is not None or o.inference == "nuts" else (
-                lkj_concentration_centre(model.n_params)
+                lkj_concentration_centre(
+                    model.n_params, releases and o.correlation_prior == "released-likelihood"
+                )
             ),
             correlation_prior=o.correlation_prior if releases else "lkj",
         )

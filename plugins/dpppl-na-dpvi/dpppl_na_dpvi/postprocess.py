@@ -78,9 +78,10 @@ MARGINAL_UNIT_INFORMATION = ("unit-information", "model-bounded")
 STRUCTURAL_PRIOR_WIDTH = 0.5
 
 
-def lkj_concentration_centre(n: int) -> float:
+def lkj_concentration_centre(n: int, observed: bool = False) -> float:
     """Centre of the hyperprior on η, the concentration of the LKJ prior on the correlation R of
-    the n × n μ-block of A: 0.75 n + 0.5.
+    the n × n μ-block of A: 0.75 n + 0.5, or 2 where the released curvature observes R
+    (``observed``, NA-DPVI's ``correlation_prior="released-likelihood"``).
 
     Under LKJ(η) each correlation has variance 1/(2η − 1 + n), so the spectral spread of R − I,
     about 2√(n/(2η − 1 + n)), grows with n at a fixed η: at this centre it stays that of LKJ(2)
@@ -92,8 +93,17 @@ def lkj_concentration_centre(n: int) -> float:
     and η = 9.5 (this centre) a calibrated one (0.031); on a regression with varying intercepts,
     whose curvature is strongly correlated, η = 7.25 (this centre) was over-confident (K = 40:
     0.10–0.19) and η = 2 calibrated (0.05–0.07).
+
+    Where the release observes each correlation, η is informed by all of them together, and the
+    hyperprior need not carry the dimension: centred on LKJ(2) it lets η grow where the released
+    correlations are all within their noise of 0 and stay small where some stand out.  Beside the
+    release (TARP, 2026-11-29, ``tutorials/RESULTS.md``), the dimension's centre (η = 9.5) put
+    the 10-D regression at ε = 0.3 on the K = 100 floor but made the demo's logistic regression
+    and the varying intercepts over-confident (joint RMSE 0.047 and 0.140 at K = 200, their
+    strong correlations shrunk with the noise); centred on 2 they read 0.030 and 0.061 and the
+    regression 0.044.
     """
-    return 0.75 * n + 0.5
+    return 2.0 if observed else 0.75 * n + 0.5
 
 
 #: The hyperprior on η: log(η − 1) ~ N(log(centre − 1), ``LKJ_CONCENTRATION_WIDTH``²), so η ≥ 1
@@ -442,6 +452,12 @@ class ModelStructure:
     correlation_prior: Literal["lkj", "released", "released-likelihood"] = "lkj"
 
 
+def _log_concentration_centre(structure: ModelStructure, n: int) -> float:
+    """log(η − 1) at the centre of a learned η's hyperprior (:func:`lkj_concentration_centre`)."""
+    observed = structure.correlation_prior == "released-likelihood"
+    return float(np.log(lkj_concentration_centre(n, observed) - 1))
+
+
 def n_correlations(stats: TraceStatistics, full: bool) -> int:
     """Number of free correlation parameters of the μ-block of A."""
     n = stats.phi_bar.shape[0] // 2
@@ -578,7 +594,7 @@ def _noise_and_prior(
         log_prior = log_prior + log_jac
         if structure.lkj_eta is None:
             eta = 1 + jnp.exp(rho[0])
-            centre = np.log(lkj_concentration_centre(n) - 1)
+            centre = _log_concentration_centre(structure, n)
             log_prior = (
                 log_prior
                 + _lkj_cholesky_logp(chol, eta)
@@ -726,7 +742,7 @@ def initial_position(stats: TraceStatistics, structure: ModelStructure) -> jax.A
             if structure.correlation_prior != "lkj"
             else jnp.zeros(n_corr)
         ),
-        jnp.full(n_rho, np.log(lkj_concentration_centre(d // 2) - 1)),  # η at the centre
+        jnp.full(n_rho, _log_concentration_centre(structure, d // 2)),  # η at the centre
     ]
     if structure.subsampling:
         parts.append(jnp.full(d, 0.1) * stats.subsampling_scale)
