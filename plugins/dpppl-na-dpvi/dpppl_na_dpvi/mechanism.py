@@ -123,14 +123,15 @@ class NADPVI(Mechanism):
         λ_c of the learning-rate heuristic λ = √2 λ_c β / (σ C √(T d)) (eq. A58); None chooses
         it by rule (see ``dpppl_na_dpvi.heuristics``).
     rates
-        ``"standardised"`` (default): λ = λ_heur β, the μ-coordinates relaxing √Ī times as fast
-        as the u-coordinates.  ``"wander-bounded"`` (experimental): λ_μ = λ_heur β_μ², so every
-        coordinate relaxes at one rate, lowered under strong privacy noise so that the trace's
-        wander shifts it by at most about one posterior sd (``dpppl_na_dpvi.heuristics``).  On
-        the 10-D regression (TARP, K = 100) with ``lkj_eta=None`` it took the joint RMSE from
-        0.064 to 0.044 at ε = 1 and from 0.134 to 0.063 at ε = 0.3; with η = 2 it was worse at
-        ε = 1 (0.152), where a trace that wanders less tells the post-processing less about the
-        curvature.
+        ``"auto"`` (default): ``"wander-bounded"`` where DP-SGD releases the curvature (option
+        ``correlation_prior``), ``"standardised"`` elsewhere.  ``"standardised"``: λ = λ_heur β,
+        the μ-coordinates relaxing √Ī times as fast as the u-coordinates; their wander is what
+        informs the curvature's correlations when nothing else does.  ``"wander-bounded"``:
+        λ_μ = λ_heur β_μ², so every coordinate relaxes at one rate, lowered under strong privacy
+        noise so that the trace's wander shifts it by at most about one posterior sd
+        (``dpppl_na_dpvi.heuristics``): the trace mean of a noise scale is then not biased by
+        the weights' wander (10-D regression, ε = 1, with the released curvature: log σ²
+        over-confident with standardised rates, calibrated with these; ``tutorials/RESULTS.md``).
     burn_in
         T* as a fraction of T (paper's code: 0.2).
     anchored
@@ -207,55 +208,43 @@ class NADPVI(Mechanism):
         ``"diagonal"``: the paper's diagonal A; ``"auto"`` (default): full for 2 to 30 model
         parameters.
     correlation_prior
-        Where the prior of the full μ-block's correlation comes from.  ``"lkj"`` (default): the
-        LKJ(``lkj_eta``) prior.  ``"released"`` (experimental): every DP-SGD step also releases the outer products of its records' standardised
-        μ-gradients (clipped to 1.25√n) in the same noisy sum as the gradients, each record's
-        share of norm at most ρC with ρ = 0.5, so the step stays one Poisson-subsampled
-        Gaussian release of sensitivity C√(1 + ρ²) at the same σ and the gradients' noise grows
-        by √(1 + ρ²) = 1.12 (:func:`dpppl_na_dpvi.dpsgd.curvature_rows`).  Averaged over the
-        steps read, they estimate the records' Fisher information, whose correlations (with the
-        model's prior curvature, public, added) centre the prior of the canonical partial
-        correlations, as wide as the release's own noise says
-        (:func:`dpppl_na_dpvi.postprocess.released_correlation_prior`).  The trace alone barely
-        determines those correlations, and LKJ(2) let the curvature come close to singular:
-        on the logistic-regression class study (K = 200, ε = 1) the 90 % intervals held the
-        truth 96–100 % of the time with LKJ(2) and 90–94 % with the release (joint TARP RMSE
-        0.050 → 0.034), and the varying intercepts' 68–79 % (over-confident) became 93–99 %.
-        It is not the default because clipping the gradients shrinks their correlations, which
-        makes a strongly correlated posterior too narrow (a regression with covariates of
-        correlation 0.9 at ε = 4: the linear-response posterior 0.75–0.9 times the non-private
-        one's width), and because it uncovers the trace-mean bias of a noise scale that LKJ(2)'s
-        wide weights had covered (10-D regression, ε = 1, K = 200: joint TARP RMSE 0.220, log σ²
-        over-confident; see ``tutorials/RESULTS.md``).  With ``rates="wander-bounded"`` as
-        well, whose slower trace leaves log σ² unbiased now that the release rather than the
-        trace's wander informs the correlations, that regression is on the K = 100 floor at
-        ε = 1 (0.040) and the unknown-scale class study is calibrated (0.036), but at ε = 0.3
-        the release of its 12 × 12 correlation is noisy enough to centre A on a nearly singular
-        matrix (0.127, too wide), at ε = 0.1 a fit's posterior draws were not finite, and
-        the varying intercepts are too wide (0.074).  ``"released-likelihood"``
-        (experimental): the same release, read as an observation of the correlations of the
-        records' share of A (A less the model's prior curvature), each with its own noise,
-        beside the LKJ(``lkj_eta``) prior, which keeps A away from singular where the release
-        is noisy (:func:`dpppl_na_dpvi.postprocess.released_fisher_correlations`).  With
-        ``rates="wander-bounded"`` (class studies, K = 200, ε = 1, 2026-11-28) it put the
-        logistic, Poisson and unknown-scale regressions and the demo's model at joint TARP RMSE
-        0.029 / 0.028 / 0.026 / 0.028 and the varying intercepts at 0.045 (their group mean and
-        scale over-confident, their slope too wide) and the 10-D regression (K = 100) at 0.042
-        for ε = 1; at ε = 0.1 its posterior draws stay finite where ``"released"``'s did not,
-        and at ε = 0.3 that regression is as too wide as with either prior (0.123).  Both
-        released priors need ``curvature`` full; a diagonal A releases nothing extra.
+        What informs the correlation R of the full μ-block of A (``curvature``).  The trace alone
+        barely does (a few relaxation times of μ), so without more R is left to its prior, and
+        along a nearly singular direction the optimum is held by its prior alone.
+        ``"released-likelihood"`` (default): every DP-SGD step also releases the outer products
+        of its records' standardised μ-gradients (clipped to 1.25√n) in the same noisy sum as the
+        gradients, each record's share of norm at most ρC with ρ = 0.5, so the step stays one
+        Poisson-subsampled Gaussian release of sensitivity C√(1 + ρ²) at the same σ and the
+        gradients' noise grows by √(1 + ρ²) = 1.12 (:func:`dpppl_na_dpvi.dpsgd.curvature_rows`).
+        Averaged over the steps read they estimate the records' Fisher information, whose
+        correlations observe those of the records' share of A (A less the model's prior
+        curvature, public), each with the standard deviation its noise gives it
+        (:func:`dpppl_na_dpvi.postprocess.released_fisher_correlations`), beside R's
+        LKJ(``lkj_eta``) prior, which keeps A away from singular where the release is noisy.
+        ``"lkj"``: the LKJ(``lkj_eta``) prior alone, and no extra release.  ``"released"``
+        (experimental): R's prior centred on the release, as wide as its noise
+        (:func:`dpppl_na_dpvi.postprocess.released_correlation_prior`); it has no barrier at
+        singular R, and at ε = 0.1 a fit's posterior draws were not finite.  Measured
+        (``tutorials/RESULTS.md``, 2026-11-29; joint TARP RMSE, class studies K = 200 at ε = 1,
+        floor 0.026 ± 0.011; 10-D regression K = 100, floor 0.037 ± 0.015): the defaults give
+        logistic / Poisson / unknown-scale regressions 0.028 / 0.029 / 0.024, the demo's model
+        0.030 and the 10-D regression 0.043 / 0.044 / 0.079 at ε = 1 / 0.3 / 0.1, against
+        0.050 / 0.029 / 0.038 / 0.041 and 0.040–0.044 / 0.122 / 0.045 with the former defaults
+        (``"lkj"``, η = 2, standardised rates); at ε = 0.1 both are too wide in the weights.  The
+        varying intercepts stay miscalibrated with every choice (0.061: the group mean, scale
+        and offsets over-confident, the slope too wide).
+        The released readings need a full μ-block; a diagonal A releases nothing extra.
     lkj_eta
-        With ``correlation_prior="lkj"``: η of the LKJ prior (default 2).  None
-        learns η under a hyperprior whose centre grows with the number of parameters
-        (``dpppl_na_dpvi.postprocess.lkj_concentration_centre``; Laplace, whose joint mode of a
-        learned η is degenerate, then fixes η at that centre).  The trace says little about
-        each correlation, so η decides how close to singular the curvature may come and with
-        it the posterior's width: on a 10-D regression with independent covariates η = 2 is
-        several times too wide, on a regression with varying intercepts, whose curvature is
-        strongly correlated, a larger η is over-confident (``tutorials/RESULTS.md``).  On the
-        class studies of the tests at K = 200 (2026-11-27) a learned η took the joint TARP RMSE
-        of the logistic, Poisson and unknown-scale regressions from 0.066 / 0.037 / 0.036 to
-        0.044 / 0.025 / 0.027 and that of the varying intercepts from 0.047 to 0.163.
+        η of R's LKJ prior (``correlation_prior`` ``"lkj"`` or ``"released-likelihood"``).  None
+        (default) learns η under a hyperprior (``dpppl_na_dpvi.postprocess.
+        lkj_concentration_centre``; Laplace, whose joint mode of a learned η is degenerate, then
+        fixes η at its centre): centred on LKJ(2) beside the release, which then moves η, all
+        correlations together (it grows where they are all within their noise of 0, as on a
+        regression with independent covariates, and stays small where some stand out); with
+        ``"lkj"`` alone centred to grow with the number of parameters, since the trace says too
+        little to move it.  A fixed η decides how close to singular A may come: η = 2 is several
+        times too wide on a 10-D regression with independent covariates, and a larger η
+        over-confident where the curvature is strongly correlated (``tutorials/RESULTS.md``).
     covariance
         The covariance of θ given each draw of the optimum.  ``"mean-field"`` (default, the
         paper's): θ ~ q(θ; φ*), variances softplus(u*).  ``"linear-response"``: θ ~ N(μ*, A_μ⁻¹)
@@ -301,7 +290,7 @@ class NADPVI(Mechanism):
         burn_in: Annotated[float, Interval(0, 1, high_open=True)] = 0.2
         anchored: Annotated[float, Interval(0, 1, high_open=True)] = 0.0
         settle: bool = True
-        rates: Literal["standardised", "wander-bounded"] = "standardised"
+        rates: Literal["auto", "standardised", "wander-bounded"] = "auto"
         posterior: Literal["noise-aware", "naive"] = "noise-aware"
         inference: Literal["nuts", "laplace"] = "nuts"
         tune: Annotated[int, POSITIVE] = 1000
@@ -315,8 +304,10 @@ class NADPVI(Mechanism):
             "unit-information"
         )
         covariance: Literal["mean-field", "linear-response"] = "mean-field"
-        lkj_eta: Annotated[float, POSITIVE] | None = 2.0
-        correlation_prior: Literal["lkj", "released", "released-likelihood"] = "lkj"
+        lkj_eta: Annotated[float, POSITIVE] | None = None
+        correlation_prior: Literal["lkj", "released", "released-likelihood"] = (
+            "released-likelihood"
+        )
         noise: Literal["snapped", "float"] = "snapped"
         relation: Literal["add_or_remove_one", "replace_one"] = "add_or_remove_one"
 
@@ -333,10 +324,10 @@ class NADPVI(Mechanism):
                     "na-dpvi's optimum_prior='model-bounded' draws the optimum given the "
                     "curvature; use optimum='integrated'"
                 )
-            if self.lkj_eta != 2.0 and self.correlation_prior == "released":
+            if self.lkj_eta is not None and self.correlation_prior == "released":
                 raise InvalidOptionError(
-                    "na-dpvi's lkj_eta sets the LKJ prior of correlation_prior='lkj'; "
-                    "correlation_prior='released' does not read it"
+                    "na-dpvi's lkj_eta sets the LKJ prior of correlation_prior='lkj' and "
+                    "'released-likelihood'; correlation_prior='released' does not read it"
                 )
             if self.covariance == "linear-response" and self.posterior == "naive":
                 raise InvalidOptionError(
@@ -365,6 +356,13 @@ class NADPVI(Mechanism):
             return self.curvature == "full" or (
                 self.curvature == "auto" and 2 <= n_params <= MAX_FULL_CURVATURE
             )
+
+        def wander_bounded_rates(self, n_params: int) -> bool:
+            """Whether every coordinate relaxes at one wander-bounded rate: by default where the
+            curvature is released, so the trace need not wander to inform its correlations."""
+            if self.rates == "auto":
+                return self.releases_curvature(n_params)
+            return self.rates == "wander-bounded"
 
         def releases_curvature(self, n_params: int) -> bool:
             """Whether DP-SGD also releases the records' curvature rows: for the released prior
@@ -615,7 +613,7 @@ class NADPVI(Mechanism):
                 u_preconditioning=o.preconditioning,
                 learning_rate_scale=o.learning_rate_scale,
                 settle=o.settle,
-                equal_rates=o.rates == "wander-bounded",
+                equal_rates=o.wander_bounded_rates(model.n_params),
             )
             for _ in datasets
         ]

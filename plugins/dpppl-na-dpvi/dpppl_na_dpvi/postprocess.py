@@ -30,14 +30,13 @@ Departures from the paper, where it is ambiguous or where measurement showed it 
   ``MAX_FULL_CURVATURE`` parameters) gives the μ-block a full A = D^½ R D^½; the u-block stays
   diagonal.  The trace says little about R (a few relaxation times of μ), so R's prior decides
   how close to singular A may come, and along a nearly singular direction the optimum is held by
-  its prior alone.  By default R has an LKJ(η) prior (η = 2, or learned under a hyperprior
-  centred to grow with the dimension: :func:`lkj_concentration_centre`), under which the class
-  studies' GLMs are several times too wide; with ``correlation_prior="released"`` DP-SGD
-  releases the records' Fisher information too, and R's prior is centred on what it says
-  (:func:`released_correlation_prior`); with ``"released-likelihood"`` the release is read as an
-  observation of the correlations of the records' share of A beside R's LKJ prior
-  (:func:`released_fisher_correlations`), so a noisy release cannot centre A on a singular
-  matrix.
+  its prior alone.  So by default (NA-DPVI's ``correlation_prior="released-likelihood"``)
+  DP-SGD releases the records' Fisher information too, and the release is read as an
+  observation of the correlations of the records' share of A (:func:`released_fisher_correlations`)
+  beside R's LKJ(η) prior, whose η is learned (:func:`lkj_concentration_centre`), so a noisy
+  release cannot centre A on a singular matrix.  With the LKJ prior alone (``"lkj"``) the class
+  studies' GLMs were several times too wide at η = 2; with ``"released"`` R's prior is centred on
+  the release (:func:`released_correlation_prior`).
 * The paper's prior on the optimum, φ* ~ N(φ̄, I), is in whatever units φ has, and is usually
   hundreds of posterior standard deviations wide.  Integrating δ = φ* − φ̄ out of such a prior
   leaves the factor |I + J|^(−½) ∝ 1/|det A| in A's posterior (J = T (κA)ᵀV⁻¹(κA), the

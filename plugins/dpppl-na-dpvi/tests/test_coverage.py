@@ -146,14 +146,15 @@ CLASSES = {
 #: Marginal TARP RMSE at K = 40 three standard deviations above a calibrated posterior's: a
 #: looser bound than the joint one, because each class has four to nine marginals.
 FAST_MARGINAL_BOUND = 0.13
-#: Classes whose marginals are known to miss the bound, and why (tutorials/RESULTS.md, 2026-11-27,
-#: stop 34).  The joint RMSE hides it: the joint balls are dominated by the widest coordinate.
+#: Classes whose marginals are known to miss the bound, and why (tutorials/RESULTS.md, 2026-11-29,
+#: stop 43).  The joint RMSE hides it: the joint balls are dominated by the widest coordinate.
 KNOWN_MARGINAL_FAILURES = {
     "varying intercepts over public groups": (
-        "the slope w is far too wide (marginal RMSE 0.151; on 40 prior draws its posterior sd is "
-        "30-2000 times the non-private one and its 50 % intervals hold the truth 97 % of the "
-        "time): the full curvature block's LKJ(2) prior lets w's correlations with the "
-        "prior-dominated directions of the group offsets come close to singular"
+        "the slope w is too wide (K = 200: marginal RMSE 0.107, 50 % intervals hold the truth "
+        "82 % of the time) and the group mean, scale and offsets over-confident (90 % intervals "
+        "70-81 %): the likelihood's curvature has two directions only the prior holds (the mean "
+        "against a shift of every offset, the scale against the offsets' size), which the "
+        "released curvature cannot locate, and their tilt leaks into w"
     ),
 }
 
