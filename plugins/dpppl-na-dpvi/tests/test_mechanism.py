@@ -208,6 +208,31 @@ def equicorrelated_regression(correlation, n_features=5, n_records=4000):
     return m
 
 
+@pytest.mark.parametrize(
+    ("n_params", "options", "released"),
+    [
+        (1, {}, False),  # one parameter: a diagonal A, nothing to correlate
+        (5, {}, True),
+        (30, {}, True),
+        (57, {}, False),  # UCI Adult's size: past MAX_FULL_CURVATURE, a diagonal A
+        (5, {"correlation_prior": "lkj"}, False),
+        (5, {"posterior": "naive"}, False),  # the last iterate reads no curvature
+        (5, {"curvature": "diagonal"}, False),
+    ],
+)
+def test_by_default_the_curvature_is_released_and_the_rates_wander_bounded_together(
+    n_params, options, released
+):
+    """The trace need not wander to inform A's correlations where the release does, so the
+    default rates follow the release; every other model runs as it did before either."""
+    o = get_mechanism("na-dpvi")(**options).options
+    assert o.releases_curvature(n_params) is released
+    assert o.wander_bounded_rates(n_params) is released
+    assert get_mechanism("na-dpvi")(rates="standardised", **options).options.wander_bounded_rates(
+        n_params
+    ) is False
+
+
 def test_a_learned_eta_beside_the_release_grows_only_where_the_correlations_are_noise():
     """Centred on LKJ(2), the learned η follows what the release says of all correlations
     together: it grows where they are all near 0 and keeps the strong ones where they are not."""
