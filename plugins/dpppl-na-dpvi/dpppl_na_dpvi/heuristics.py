@@ -25,8 +25,8 @@ afterwards.  In μ the curvature is 1/sd², so μ relaxes by λ_heur β_μ κ / 
 record's Fisher information: 6 r for the weights of the 10-D regression, whose trace then
 wanders about 47 variances of q around the optimum at ε = 1 (2026-11-26).
 
-Wander-bounded rates (``equal_rates``; NA-DPVI's default where it releases the curvature).  λ_μ = λ_heur β_μ² instead makes μ relax at
-λ_heur N κ = r, like u.  At rate r a μ-coordinate's stationary wander around the optimum is (rT/2)·D
+Wander-bounded rates (``equal_rates``; NA-DPVI's default where it releases the curvature).
+λ_μ = λ_heur β_μ² instead makes μ relax at λ_heur N κ = r, like u.  At rate r a μ-coordinate's stationary wander around the optimum is (rT/2)·D
 variances of q, where D = σ²C² / (N κ² T) is the variance the privacy noise adds to the trace's
 estimate of the optimum, in the same units.  Where the gradient is not linear the wander biases the
 trace: in a regression, the noise variance's gradient grows with the squared wander of the weights,

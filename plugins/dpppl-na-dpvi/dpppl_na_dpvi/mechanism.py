@@ -722,18 +722,16 @@ class NADPVI(Mechanism):
             self._statistics(model, trace, start, settings, grid)
             for trace, start, settings in zip(traces, starts, finals, strict=True)
         ]
-        releases = o.releases_curvature(model.n_params)
+        correlation_prior = o.correlation_prior if o.releases_curvature(model.n_params) else "lkj"
         structure = ModelStructure(
             full_curvature=o.full_curvature(model.n_params),
             subsampling=o.subsampling_noise,
             integrated_optimum=o.optimum == "integrated",
             optimum_prior=o.optimum_prior,
             lkj_eta=o.lkj_eta if o.lkj_eta is not None or o.inference == "nuts" else (
-                lkj_concentration_centre(
-                    model.n_params, releases and o.correlation_prior == "released-likelihood"
-                )
+                lkj_concentration_centre(model.n_params, correlation_prior)
             ),
-            correlation_prior=o.correlation_prior if releases else "lkj",
+            correlation_prior=correlation_prior,
         )
         options = dict(
             draws=o.draws, chains=o.chains, structure=structure, cache=model.cached,

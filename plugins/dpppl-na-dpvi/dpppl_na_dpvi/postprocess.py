@@ -77,10 +77,10 @@ MARGINAL_UNIT_INFORMATION = ("unit-information", "model-bounded")
 STRUCTURAL_PRIOR_WIDTH = 0.5
 
 
-def lkj_concentration_centre(n: int, observed: bool = False) -> float:
+def lkj_concentration_centre(n: int, correlation_prior: str = "lkj") -> float:
     """Centre of the hyperprior on η, the concentration of the LKJ prior on the correlation R of
     the n × n μ-block of A: 0.75 n + 0.5, or 2 where the released curvature observes R
-    (``observed``, NA-DPVI's ``correlation_prior="released-likelihood"``).
+    (``correlation_prior="released-likelihood"``, see :class:`ModelStructure`).
 
     Under LKJ(η) each correlation has variance 1/(2η − 1 + n), so the spectral spread of R − I,
     about 2√(n/(2η − 1 + n)), grows with n at a fixed η: at this centre it stays that of LKJ(2)
@@ -102,7 +102,7 @@ def lkj_concentration_centre(n: int, observed: bool = False) -> float:
     strong correlations shrunk with the noise); centred on 2 they read 0.030 and 0.061 and the
     regression 0.044.
     """
-    return 2.0 if observed else 0.75 * n + 0.5
+    return 2.0 if correlation_prior == "released-likelihood" else 0.75 * n + 0.5
 
 
 #: The hyperprior on η: log(η − 1) ~ N(log(centre − 1), ``LKJ_CONCENTRATION_WIDTH``²), so η ≥ 1
@@ -453,8 +453,7 @@ class ModelStructure:
 
 def _log_concentration_centre(structure: ModelStructure, n: int) -> float:
     """log(η − 1) at the centre of a learned η's hyperprior (:func:`lkj_concentration_centre`)."""
-    observed = structure.correlation_prior == "released-likelihood"
-    return float(np.log(lkj_concentration_centre(n, observed) - 1))
+    return float(np.log(lkj_concentration_centre(n, structure.correlation_prior) - 1))
 
 
 def n_correlations(stats: TraceStatistics, full: bool) -> int:
