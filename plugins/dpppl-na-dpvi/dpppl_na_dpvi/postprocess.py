@@ -196,8 +196,8 @@ def released_fisher_correlations(
     ``RELEASED_CORRELATION_REDRAWS`` redraws of the release's noise (public), with
     ``RELEASED_CORRELATION_WIDTH`` added in quadrature for what clipping and the gap between the
     Fisher information and the Hessian leave.  A coordinate whose released information is not
-    positive says nothing about its correlations (their deviation is
-    ``UNINFORMATIVE_DEVIATION``)."""
+    ``RELEASED_INFORMATION_Z`` noise standard deviations above 0 says nothing about its
+    correlations (their deviation is ``UNINFORMATIVE_DEVIATION``)."""
     fisher = np.asarray(fisher, dtype=float)
     n = fisher.shape[0]
     rows, cols = np.tril_indices(n, -1)
@@ -205,7 +205,7 @@ def released_fisher_correlations(
         [_fisher_correlation(fisher + e)[rows, cols] for e in _noise_redraws(noise_std, n)]
     )
     std = np.sqrt(redrawn.var(axis=0) + RELEASED_CORRELATION_WIDTH**2)
-    informative = np.diagonal(fisher) > 0
+    informative = np.diagonal(fisher) > RELEASED_INFORMATION_Z * noise_std
     std = np.where(informative[rows] & informative[cols], std, UNINFORMATIVE_DEVIATION)
     return _fisher_correlation(fisher)[rows, cols], std
 
@@ -219,6 +219,13 @@ def _noise_redraws(noise_std: float, n: int) -> np.ndarray:
 
 #: Standard deviation given to a released correlation that carries no information.
 UNINFORMATIVE_DEVIATION = 1e6
+#: How many of its noise's standard deviations a coordinate's released information must exceed
+#: for its correlations to be read.  Below about 3 the redraws understate how far noise moves a
+#: correlation (dividing by a diagonal that is mostly noise): with no correlation at all, the
+#: squared ratio of each released correlation to its deviation averaged 2.1 at one noise
+#: standard deviation of information and 1.5 at two, against 1.1 at three, so pure noise read as
+#: correlation and pulled η down (the 10-D regression at ε = 0.1, ``tutorials/RESULTS.md``).
+RELEASED_INFORMATION_Z = 3.0
 
 
 def _fisher_correlation(fisher: np.ndarray) -> np.ndarray:

@@ -380,6 +380,22 @@ class TestTheReleasedCorrelationLikelihood:
         assert std[0] == postprocess.RELEASED_CORRELATION_WIDTH
         np.testing.assert_array_equal(std[1:], postprocess.UNINFORMATIVE_DEVIATION)
 
+    @pytest.mark.parametrize("information", [1.0, 2.0, 3.0, 5.0, 10.0])
+    def test_pure_noise_is_not_read_as_correlation(self, information):
+        """Uncorrelated coordinates whose released information is a few noise standard
+        deviations: a correlation read off the noise is no further from 0 than its deviation
+        says (mean squared ratio about 1 or less; 2.1 when every positive diagonal was read)."""
+        rng = np.random.default_rng(17)
+        n = 12
+        ratios = []
+        for _ in range(40):
+            noise = rng.normal(size=(n, n))
+            released = information * np.eye(n) + np.triu(noise) + np.triu(noise, 1).T
+            observed, std = released_fisher_correlations(released, 1.0)
+            read = std < postprocess.UNINFORMATIVE_DEVIATION
+            ratios.append(observed[read] / std[read])
+        assert np.mean(np.concatenate(ratios) ** 2) < 1.3
+
     def test_it_favours_the_curvature_whose_share_the_release_observed(self):
         """A = P + S R S: with the model's prior curvature P taken off, the correlation the
         release saw is the density's best, and a curvature without it is worse."""
