@@ -676,7 +676,12 @@ class NADPVI(Mechanism):
         groups = {
             "dpvi_trace": _trace_dataset(model, trace, scores, schedule.last.clipping_bound)
         }
-        drifting = drift_warning(scores, _vi_labels(model))
+        read_steps = len(moving) - 1 - settled_step
+        drifting = drift_warning(
+            scores,
+            _vi_labels(model),
+            schedule.final_rate() * read_steps if schedule.equal_rates else None,
+        )
         messages = [] if drifting is None else [drifting]
         if post is None:
             phi_star = trace.phi[-1][None, None, :].repeat(o.chains, 0).repeat(o.draws, 1)

@@ -12,6 +12,7 @@ from scipy import signal
 import dpppl
 from dpppl_na_dpvi.convergence import (
     DRIFT_LIMIT,
+    FEW_RELAXATIONS,
     SETTLE_GRID,
     SETTLED_LIMIT,
     drift_scores,
@@ -58,6 +59,19 @@ def test_a_trace_still_moving_towards_its_optimum_is_flagged_with_what_to_change
     message = drift_warning(scores, ["mu[a]", "mu[b]", "u[a]"])
     assert "has not settled" in message and "more steps" in message
     assert drift_warning(np.array([0.5, -1.0]), ["mu[a]", "u[a]"]) is None
+
+
+def test_a_drifting_trace_whose_rates_the_noise_bounds_is_told_more_steps_will_not_help():
+    """Wander-bounded rates span a number of relaxation times fixed by ε, N and n: below
+    FEW_RELAXATIONS the advice is a larger epsilon or faster rates (on the 10-D regression at
+    ε = 0.1, 0.6 relaxation times at 10 000 steps and at 40 000)."""
+    scores = np.array([0.5, -9.6])
+    message = drift_warning(scores, ["mu[a]", "u[a]"], bounded_relaxations=0.6)
+    assert "u[a] drifts by -9.6" in message
+    assert "0.6 relaxation times" in message and "larger epsilon" in message
+    assert "more steps" not in message
+    settled_enough = drift_warning(scores, ["mu[a]", "u[a]"], bounded_relaxations=FEW_RELAXATIONS)
+    assert "more steps" in settled_enough
 
 
 def test_a_trace_still_approaching_its_optimum_is_flagged_unless_the_burn_in_covers_it():
