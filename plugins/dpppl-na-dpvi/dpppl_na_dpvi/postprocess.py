@@ -102,7 +102,7 @@ def lkj_concentration_centre(n: int, correlation_prior: str = "lkj") -> float:
     strong correlations shrunk with the noise); centred on 2 they read 0.030 and 0.061 and the
     regression 0.044.  (The varying intercepts' mean-field q is as over-confident without privacy
     noise, so the demo's model is the one that decides.)  At ε = 0.1 the release barely moves η
-    from either centre: its correlations' noise (about 0.3 each) exceeds their spread under
+    from either centre: its correlations' noise (0.4–0.5 each) exceeds their spread under
     LKJ(2), and the regression is too wide with centre 2 (0.079), less so with 9.5 (0.048).
     """
     return 2.0 if correlation_prior == "released-likelihood" else 0.75 * n + 0.5
