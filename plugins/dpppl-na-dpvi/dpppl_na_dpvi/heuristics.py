@@ -26,10 +26,10 @@ record's Fisher information: 6 r for the weights of the 10-D regression, whose t
 wanders about 47 variances of q around the optimum at ε = 1 (2026-11-26).
 
 Wander-bounded rates (``equal_rates``; NA-DPVI's default where it releases the curvature).
-λ_μ = λ_heur β_μ² instead makes μ relax at λ_heur N κ = r, like u.  At rate r a μ-coordinate's stationary wander around the optimum is (rT/2)·D
-variances of q, where D = σ²C² / (N κ² T) is the variance the privacy noise adds to the trace's
-estimate of the optimum, in the same units.  Where the gradient is not linear the wander biases the
-trace: in a regression, the noise variance's gradient grows with the squared wander of the weights,
+λ_μ = λ_heur β_μ² instead makes μ relax at λ_heur N κ = r, like u.  At rate r a μ-coordinate's
+stationary wander around the optimum is (rT/2)·D variances of q, where D = σ²C² / (N κ² T) is
+the variance the privacy noise adds to the trace's estimate of the optimum, in the same units.
+Where the gradient is not linear the wander biases the trace: in a regression, the noise variance's gradient grows with the squared wander of the weights,
 which put the trace mean of log σ² 4 posterior sds above its optimum at ε = 1 and 10 at ε = 0.3.
 Curvatures change over about √N posterior sds, so the wander of n coordinates shifts the trace by
 about n·(rT/2)·D / N; the final rate keeps that within ``WANDER_SCALE`` posterior sds, √((1 + D)/N):
@@ -138,6 +138,11 @@ class StandardisedSchedule:
         n_records, n = self.model.n_records, self.model.n_params
         bound = 2 * WANDER_SCALE * math.sqrt(n_records * (1 + share)) / (n * self.steps * share)
         return min(FINAL_RATE, bound)
+
+    def bounded_relaxations(self, steps: int) -> float | None:
+        """How many relaxation times ``steps`` steps at the final rate span, where the privacy
+        noise bounds that rate (``equal_rates``); None where it does not."""
+        return self.final_rate() * steps if self.equal_rates else None
 
     def initial_phi(self) -> np.ndarray:
         """φ_0: μ at PyMC's initial point of the model, variances :attr:`init_variance`."""

@@ -678,9 +678,7 @@ class NADPVI(Mechanism):
         }
         read_steps = len(moving) - 1 - settled_step
         drifting = drift_warning(
-            scores,
-            _vi_labels(model),
-            schedule.final_rate() * read_steps if schedule.equal_rates else None,
+            scores, _vi_labels(model), schedule.bounded_relaxations(read_steps)
         )
         messages = [] if drifting is None else [drifting]
         if post is None:
