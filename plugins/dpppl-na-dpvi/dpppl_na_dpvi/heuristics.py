@@ -29,8 +29,8 @@ Wander-bounded rates (``equal_rates``; NA-DPVI's default where it releases the c
 λ_μ = λ_heur β_μ² instead makes μ relax at λ_heur N κ = r, like u.  At rate r a μ-coordinate's
 stationary wander around the optimum is (rT/2)·D variances of q, where D = σ²C² / (N κ² T) is
 the variance the privacy noise adds to the trace's estimate of the optimum, in the same units.
-Where the gradient is not linear the wander biases the trace: in a regression, the noise variance's gradient grows with the squared wander of the weights,
-which put the trace mean of log σ² 4 posterior sds above its optimum at ε = 1 and 10 at ε = 0.3.
+Where the gradient is not linear the wander biases the trace: in a regression, the noise
+variance's gradient grows with the squared wander of the weights, which put the trace mean of log σ² 4 posterior sds above its optimum at ε = 1 and 10 at ε = 0.3.
 Curvatures change over about √N posterior sds, so the wander of n coordinates shifts the trace by
 about n·(rT/2)·D / N; the final rate keeps that within ``WANDER_SCALE`` posterior sds, √((1 + D)/N):
 r ≤ 2 ``WANDER_SCALE`` √(N (1 + D)) / (n T D), and ``FINAL_RATE`` where the noise is weaker.  The
