@@ -25,23 +25,24 @@ afterwards.  In μ the curvature is 1/sd², so μ relaxes by λ_heur β_μ κ / 
 record's Fisher information: 6 r for the weights of the 10-D regression, whose trace then
 wanders about 47 variances of q around the optimum at ε = 1 (2026-11-26).
 
-Wander-bounded rates (``equal_rates``; NA-DPVI's default where it releases the curvature).
-λ_μ = λ_heur β_μ² instead makes μ relax at λ_heur N κ = r, like u.  At rate r a μ-coordinate's
-stationary wander around the optimum is (rT/2)·D variances of q, where D = σ²C² / (N κ² T) is
-the variance the privacy noise adds to the trace's estimate of the optimum, in the same units.
-Where the gradient is not linear the wander biases the trace: in a regression, the noise
-variance's gradient grows with the squared wander of the weights, which put the trace mean of log σ² 4 posterior sds above its optimum at ε = 1 and 10 at ε = 0.3.
-Curvatures change over about √N posterior sds, so the wander of n coordinates shifts the trace by
-about n·(rT/2)·D / N; the final rate keeps that within ``WANDER_SCALE`` posterior sds, √((1 + D)/N):
-r ≤ 2 ``WANDER_SCALE`` √(N (1 + D)) / (n T D), and ``FINAL_RATE`` where the noise is weaker.  The
-burn-in anneals down to it from ``BURN_IN_FACTOR`` times it (at most ``BURN_IN_RATE``): under strong
-noise a fast burn-in's wander ran away in the regression (log σ² 2.8 above its optimum at ε = 0.3)
-and took most of the trace to come back.  The price is information about the curvature A, which the
-post-processing reads off the trace's spread: on the 10-D regression (TARP, K = 100, η = 2) the
-joint RMSE went from 0.134 to 0.053 at ε = 0.3 but from 0.064 to 0.152 at ε = 1, where posteriors
-became too wide (0.044 with a learned η, ``lkj_eta=None``, and 0.063 at ε = 0.3).  With the
-curvature released the trace need not wander to inform A's correlations, so NA-DPVI's
-``rates="auto"`` uses these rates exactly then (``tutorials/RESULTS.md``, 2026-11-29).
+Wander-bounded rates (``equal_rates``; NA-DPVI's default where it releases the curvature).  λ_μ =
+λ_heur β_μ² instead makes μ relax at λ_heur N κ = r, like u.  At rate r a μ-coordinate's stationary
+wander around the optimum is (rT/2)·D variances of q, where D = σ²C² / (N κ² T) is the variance the
+privacy noise adds to the trace's estimate of the optimum, in the same units.  Where the gradient
+is not linear the wander biases the trace: in a regression, the noise variance's gradient grows
+with the squared wander of the weights, which put the trace mean of log σ² 4 posterior sds above
+its optimum at ε = 1 and 10 at ε = 0.3.  Curvatures change over about √N posterior sds, so the
+wander of n coordinates shifts the trace by about n·(rT/2)·D / N; the final rate keeps that within
+``WANDER_SCALE`` posterior sds, √((1 + D)/N): r ≤ 2 ``WANDER_SCALE`` √(N (1 + D)) / (n T D), and
+``FINAL_RATE`` where the noise is weaker.  The burn-in anneals down to it from ``BURN_IN_FACTOR``
+times it (at most ``BURN_IN_RATE``): under strong noise a fast burn-in's wander ran away in the
+regression (log σ² 2.8 above its optimum at ε = 0.3) and took most of the trace to come back.  The
+price is information about the curvature A, which the post-processing reads off the trace's spread:
+on the 10-D regression (TARP, K = 100, η = 2) the joint RMSE went from 0.134 to 0.053 at ε = 0.3
+but from 0.064 to 0.152 at ε = 1, where posteriors became too wide (0.044 with a learned η,
+``lkj_eta=None``, and 0.063 at ε = 0.3).  With the curvature released the trace need not wander to
+inform A's correlations, so NA-DPVI's ``rates="auto"`` uses these rates exactly then
+(``tutorials/RESULTS.md``, 2026-11-29).
 
 Burn-in.  β_μ and λ are recomputed from the released trace every chunk of steps during the
 burn-in T* and frozen after it, so the post-processing model sees one noise level σC/β.
