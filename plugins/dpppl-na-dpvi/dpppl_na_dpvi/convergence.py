@@ -58,10 +58,11 @@ def drift_scores(phi: np.ndarray, burn_in: int) -> np.ndarray:
     return difference / np.sqrt(2 * long_run / third)
 
 
-def settled_start(phi: np.ndarray) -> int:
+def settled_start(phi: np.ndarray, *, halve_unsettled: bool = True) -> int:
     """How many of the first iterates of the moving steps ``phi`` (T, d) to leave out, so that
     the rest shows no drift: the earliest tenth of the steps after which every coordinate's
-    score is within ``SETTLED_LIMIT``, or half of them if none is.
+    score is within ``SETTLED_LIMIT``; if none is, half of them, or none with
+    ``halve_unsettled`` off.
 
     After the burn-in a trace may still be on its way to the optimum: in the 10-D regression at
     ε = 0.3, log σ² came down from 2.8 above its optimum to 0.2 over 6000 steps, held up by the
@@ -75,7 +76,7 @@ def settled_start(phi: np.ndarray) -> int:
     for start in starts:
         if np.abs(drift_scores(phi, start)).max() <= SETTLED_LIMIT:
             return start
-    return starts[-1]
+    return starts[-1] if halve_unsettled else 0
 
 
 def drift_warning(

@@ -152,9 +152,12 @@ class NADPVI(Mechanism):
     settle
         Leave out the first tenths of the free steps while they still drift (at most half of
         them; see :func:`dpppl_na_dpvi.convergence.settled_start`): the noise-aware posterior
-        and the anchor read the rest.  The released trace decides, so this costs no privacy;
-        the step it chose is published as ``settled_step``.  False reads every step after the
-        burn-in, as the paper does.
+        and the anchor read the rest.  Where no cut settles the trace, wander-bounded rates
+        leave out half and standardised rates none (their drifting coordinates are slow ones
+        that no cut settles; :meth:`dpppl_na_dpvi.heuristics.StandardisedSchedule.
+        settled_start`).  The released trace decides, so this costs no privacy; the step it
+        chose is published as ``settled_step``.  False reads every step after the burn-in, as
+        the paper does.
     posterior
         ``"noise-aware"`` (the paper's method) or ``"naive"`` (q(θ; φ_T), the last iterate, for
         comparison: it ignores the privacy noise).
@@ -181,27 +184,30 @@ class NADPVI(Mechanism):
         4-parameter Poisson regression (K = 100 TARP study) the integrated model gave the same
         coverage in half the time, without divergent transitions.
     optimum_prior
-        Prior of the optimum's offset δ = φ* − φ̄ from the trace mean.  ``"unit-information"``
-        (default): given A, δ ~ N(0, T J⁻¹) with J = T (κA)ᵀV⁻¹(κA) the information of the
+        Prior of the optimum's offset δ = φ* − φ̄ from the trace mean.  ``"unit-information"``:
+        given A, δ ~ N(0, T J⁻¹) with J = T (κA)ᵀV⁻¹(κA) the information of the
         trace's T gradients (Zellner's g-prior with g = T: as much as one gradient says).
         ``"standard-normal"``: the paper's N(0, I), in whatever units φ has.  The latter is
         usually far wider than δ's posterior, and integrating it out then leaves a factor
         1/|det A| in A's posterior that pulls A towards singular (it cancels the LKJ(2) prior's
         det R): on a 4-parameter Poisson regression that made the posterior several times too
         wide (TARP K = 100: RMSE 0.064 against 0.038 with the unit-information prior).
-        ``"model-bounded"`` (experimental): the curvature's posterior is the
-        unit-information one, and the optimum given the curvature is also held by the model's
-        own prior of θ (its centre and scale from prior draws, public:
-        :func:`dpppl.plugin.prior_summary`; only coordinates whose prior a normal describes),
-        so a coordinate the privacy noise leaves almost unlocated is never wider than the
-        model's prior allows.  On UCI Adult at ε = 0.1 (57 parameters), where the default
-        posterior's weights were 13 times wider than q's (2026-11-27), it took two fits'
-        calibration RMSE from 250 and 194 to 162 and 87 (× 10⁻³), and with ``settle=False`` to
-        88 and 50; on the CI-size class studies it kept the GLMs and the unknown-scale
-        regression within their bound but took varying intercepts from 0.049 to 0.111, and on
-        the 10-D regression at ε = 0.1 (K = 100) it took the joint TARP RMSE from 0.045 to
-        0.078, narrowing log σ² around the trace mean's bias (``tutorials/RESULTS.md``), so it
-        is not the default.
+        ``"model-bounded"``: the curvature's posterior is the unit-information one, and the
+        optimum given the curvature is also held by the model's own prior of θ (its centre and
+        scale from prior draws, public: :func:`dpppl.plugin.prior_summary`; only coordinates
+        whose prior a normal describes), so a coordinate the privacy noise leaves almost
+        unlocated is never wider than the model's prior allows: the optimum of a data set drawn
+        from the model lies about where θ does.  ``"auto"`` (default): ``"model-bounded"``
+        where the curvature is diagonal (``curvature``) and the model has several parameters,
+        so that nothing but each coordinate's own trace locates it, ``"unit-information"``
+        elsewhere; the choice is published as ``optimum_prior``.  On UCI Adult (57 parameters,
+        R = 20 fits, with the ``settle`` rule above) it took the predictive calibration RMSE
+        from 58 ± 20 to 29 ± 8 at ε = 0.3 (paper 26 ± 5) and from 159 ± 42 to 82 ± 28 at
+        ε = 0.1 (paper 61 ± 31).  Where a full curvature block is released it is not the
+        default: on the CI-size class studies it changed little (K = 40, joint RMSE
+        0.054–0.061 against 0.059–0.061), but on the 10-D regression at ε = 0.1 (K = 100) the
+        joint TARP RMSE went from 0.082 to 0.170, the weights jointly wider still
+        (``tutorials/RESULTS.md``).
     curvature
         ``"full"``: a full curvature matrix for the μ-coordinates (needed when the posterior is
         correlated), with a prior on its correlation (option ``correlation_prior``);
@@ -301,9 +307,9 @@ class NADPVI(Mechanism):
         curvature_prior: Literal["structural", "trace"] = "structural"
         curvature: Literal["auto", "full", "diagonal"] = "auto"
         optimum: Literal["integrated", "sampled"] = "integrated"
-        optimum_prior: Literal["unit-information", "model-bounded", "standard-normal"] = (
-            "unit-information"
-        )
+        optimum_prior: Literal[
+            "auto", "unit-information", "model-bounded", "standard-normal"
+        ] = "auto"
         covariance: Literal["mean-field", "linear-response"] = "mean-field"
         lkj_eta: Annotated[float, POSITIVE] | None = None
         correlation_prior: Literal["lkj", "released", "released-likelihood"] = (
@@ -357,6 +363,19 @@ class NADPVI(Mechanism):
             return self.curvature == "full" or (
                 self.curvature == "auto" and 2 <= n_params <= MAX_FULL_CURVATURE
             )
+
+        def resolved_optimum_prior(self, n_params: int) -> str:
+            """The optimum's prior: with ``"auto"`` the model's own prior bounds it where a
+            diagonal curvature leaves each coordinate of a model of several parameters to its
+            own trace, and the unit-information prior serves everywhere else."""
+            if self.optimum_prior != "auto":
+                return self.optimum_prior
+            bounded = (
+                self.optimum == "integrated"
+                and n_params >= 2
+                and not self.full_curvature(n_params)
+            )
+            return "model-bounded" if bounded else "unit-information"
 
         def wander_bounded_rates(self, n_params: int) -> bool:
             """Whether every coordinate relaxes at one wander-bounded rate: by default where the
@@ -708,6 +727,8 @@ class NADPVI(Mechanism):
             "anchored_steps": o.anchored_steps,
             "settled_step": settled_step,
         }
+        if post is not None:
+            attrs["optimum_prior"] = o.resolved_optimum_prior(model.n_params)
         return Release(draws=draws, groups=groups, attrs=attrs, warnings=messages)
 
     def _post_process(
@@ -731,7 +752,7 @@ class NADPVI(Mechanism):
             full_curvature=o.full_curvature(model.n_params),
             subsampling=o.subsampling_noise,
             integrated_optimum=o.optimum == "integrated",
-            optimum_prior=o.optimum_prior,
+            optimum_prior=o.resolved_optimum_prior(model.n_params),
             lkj_eta=o.lkj_eta if o.lkj_eta is not None or o.inference == "nuts" else (
                 lkj_concentration_centre(model.n_params, correlation_prior)
             ),
@@ -793,7 +814,11 @@ class NADPVI(Mechanism):
             subsampling_scale=subsampling_scale,
             curvature_prior=o.curvature_prior,
             anchored=o.anchored_steps,
-            model_prior=prior_summary(model) if o.optimum_prior == "model-bounded" else None,
+            model_prior=(
+                prior_summary(model)
+                if o.resolved_optimum_prior(model.n_params) == "model-bounded"
+                else None
+            ),
             released_curvature=(
                 (*_released_fisher(model, trace, start, settings, grid), _prior_curvature(model))
                 if curvature

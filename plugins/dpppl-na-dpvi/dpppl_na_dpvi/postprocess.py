@@ -45,10 +45,12 @@ Departures from the paper, where it is ambiguous or where measurement showed it 
   LKJ(2) density det R near singular R, so the posterior of A reached nearly singular μ-blocks,
   along which δ was held only by its unit prior: on a 4-parameter Poisson regression the
   posterior's marginal standard deviations were 4–5 times the exact posterior's and its TARP
-  RMSE 0.064 (K = 100, floor ≈ 0.04).  The default ``optimum_prior="unit-information"`` is
-  Zellner's g-prior with g = T, δ | A ~ N(0, T J⁻¹): as much as one gradient says, in the
-  problem's own units, and the factor it leaves, (1 + T)^(−d/2), does not depend on A (same
-  study: RMSE 0.038).  ``"standard-normal"`` keeps the paper's prior.
+  RMSE 0.064 (K = 100, floor ≈ 0.04).  ``optimum_prior="unit-information"`` is Zellner's
+  g-prior with g = T, δ | A ~ N(0, T J⁻¹): as much as one gradient says, in the problem's own
+  units, and the factor it leaves, (1 + T)^(−d/2), does not depend on A (same study: RMSE
+  0.038).  ``"model-bounded"`` also holds δ | A by the model's own prior, and is NA-DPVI's
+  default where A is diagonal and the model has several parameters.  ``"standard-normal"``
+  keeps the paper's prior.
 * The paper reads the optimum off the whole trace after the burn-in, which assumes gradients
   linear in φ over the trace's wander.  Where they are not, the wander biases the trace mean:
   in a regression, log σ² tracks the residual variance at the *current* weights, which the

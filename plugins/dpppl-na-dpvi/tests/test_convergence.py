@@ -105,10 +105,11 @@ def test_the_steps_still_approaching_the_optimum_are_left_out():
         assert np.abs(drift_scores(phi, start)).max() <= SETTLED_LIMIT
 
 
-def test_a_trace_that_never_settles_keeps_its_second_half():
+def test_a_trace_that_never_settles_keeps_its_second_half_or_on_request_all_of_it():
     rng = np.random.default_rng(8)
     phi = ornstein_uhlenbeck(rng, 7999, trend=20.0)
     assert settled_start(phi) == len(phi) // SETTLE_GRID * (SETTLE_GRID // 2)
+    assert settled_start(phi, halve_unsettled=False) == 0
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -122,8 +123,9 @@ def test_a_fit_releases_the_scores_beside_its_trace():
     trace = result["dpvi_trace"]
     attrs = json.loads(result.attrs["dp_mechanism_attrs"])
     phi = trace["phi"].values
+    # One parameter: standardised rates, so a trace no cut settles is read whole.
     assert attrs["settled_step"] == attrs["burn_in_steps"] + settled_start(
-        phi[attrs["burn_in_steps"] : -1]
+        phi[attrs["burn_in_steps"] : -1], halve_unsettled=False
     )
     np.testing.assert_allclose(trace["drift_score"].values,
                                drift_scores(phi, attrs["settled_step"]))

@@ -103,6 +103,23 @@ def test_the_anchor_is_the_mean_of_the_free_steps_after_their_drift(model):
     np.testing.assert_allclose(schedule(model, settle=False).anchor(free), free.mean(axis=0))
 
 
+def test_a_trace_no_cut_settles_loses_half_under_equal_rates_and_nothing_under_standardised(
+    model,
+):
+    """Under standardised rates what still drifts is a slow coordinate that no cut settles, so
+    the cut would only halve what the others tell; under equal rates every coordinate is still
+    on its way and the early half is the most biased."""
+    rng = np.random.default_rng(1)
+    free = np.linspace(0.0, 40.0, 4000)[:, None] + rng.normal(size=(4000, 2))
+    assert schedule(model, equal_rates=True).settled_start(free) == 2000
+    assert schedule(model).settled_start(free) == 0
+    steady = np.vstack([np.linspace(40.0, 1.0, 1000)[:, None], np.ones((3000, 1))])
+    settling = steady + rng.normal(size=(4000, 2))
+    assert 0 < schedule(model).settled_start(settling) == schedule(
+        model, equal_rates=True
+    ).settled_start(settling)
+
+
 def test_under_strong_noise_the_final_rate_keeps_the_wander_within_its_bound(model):
     weak = schedule(model, noise_multiplier=1.0, equal_rates=True)
     strong = schedule(model, noise_multiplier=3000.0, equal_rates=True)
