@@ -75,8 +75,9 @@ def test_paper_size_noise_aware_coverage_error_is_within_the_papers_range():
 # centred (the demo's model has its test beside the demo, in tests/app/test_demo.py).  CI size:
 # N = 1000 records, 3000 DP-SGD steps and K = 40 simulated data sets at ε = 1, about a minute
 # per class.  At K = 40 a perfectly calibrated posterior's joint TARP RMSE is 0.058 ± 0.024
-# (tutorials/RESULTS.md), so the bound, two standard deviations above that floor, catches a posterior that is clearly too
-# wide or too narrow, not a small miscalibration: the paper-size studies (-m slow) do that.
+# (tutorials/RESULTS.md), so the bound, two standard deviations above that floor, catches a
+# posterior that is clearly too wide or too narrow, not a small miscalibration: the paper-size
+# studies (-m slow) do that.
 
 N_RECORDS = 1000
 CORRELATION = np.array([[1.0, 0.6, 0.3], [0.6, 1.0, 0.5], [0.3, 0.5, 1.0]])
