@@ -222,9 +222,11 @@ class NADPVI(Mechanism):
         gradients, each record's share of norm at most ρC with ρ = 0.5, so the step stays one
         Poisson-subsampled Gaussian release of sensitivity C√(1 + ρ²) at the same σ and the
         gradients' noise grows by √(1 + ρ²) = 1.12 (:func:`dpppl_na_dpvi.dpsgd.curvature_rows`).
-        Averaged over the steps read they estimate the records' Fisher information, whose
-        correlations observe those of the records' share of A (A less the model's prior
-        curvature, public), each with the standard deviation its noise gives it
+        Averaged over the steps read they estimate the records' Fisher information.  A's
+        μ-block is then the model's prior curvature P (public, and exact: a hierarchical
+        prior's coupling of each group's intercept with the group mean is not shrunk) plus the
+        records' share D^½ R D^½, whose correlation R the released correlations observe, each
+        with the standard deviation its noise gives it
         (:func:`dpppl_na_dpvi.postprocess.released_fisher_correlations`), beside R's
         LKJ(``lkj_eta``) prior, which keeps A away from singular where the release is noisy.
         ``"lkj"``: the LKJ(``lkj_eta``) prior alone, and no extra release.  ``"released"``
@@ -934,8 +936,9 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
         attrs={
             "description": "posterior of the post-processing model: optimum phi*, and the "
             "curvature A of the variational objective by its diagonal and, when A is full, the "
-            "correlations of its mu-block (with the concentration of their LKJ prior, "
-            "learned); dpppl_na_dpvi.postprocess.curvature_matrices(A_diagonal, "
+            "correlations of its mu-block (with the concentration of the LKJ prior on the "
+            "correlation of the records' share of it, learned); "
+            "dpppl_na_dpvi.postprocess.curvature_matrices(A_diagonal, "
             "A_mu_correlation) rebuilds the matrices",
             # NUTS also where a Laplace fit was asked for and did not reach a mode.
             "inference": "nuts" if post.sample_stats else "laplace",

@@ -37,6 +37,14 @@ Departures from the paper, where it is ambiguous or where measurement showed it 
   release cannot centre A on a singular matrix.  With the LKJ prior alone (``"lkj"``) the class
   studies' GLMs were several times too wide at η = 2; with ``"released"`` R's prior is centred on
   the release (:func:`released_correlation_prior`).
+* Where the curvature is released, A's μ-block is split by where it comes from:
+  A = P + D^½ R D^½, with P the curvature of the model's prior part of the ELBO at φ̄ (public,
+  made positive semi-definite) and D^½ R D^½ the records' share, whose correlation R the release
+  observes and the LKJ prior holds.  A hierarchical prior couples each group's intercept
+  strongly with the group mean and scale, and the records couple the intercepts with the slope
+  hardly at all; with one R for the whole of A, LKJ's one η had to allow the first and so could
+  not forbid the second, and the centred varying intercepts came out too wide in the intercepts
+  and slope (``tutorials/RESULTS.md``, 2026-11-29).  P's correlations are now exact.
 * The paper's prior on the optimum, φ* ~ N(φ̄, I), is in whatever units φ has, and is usually
   hundreds of posterior standard deviations wide.  Integrating δ = φ* − φ̄ out of such a prior
   leaves the factor |I + J|^(−½) ∝ 1/|det A| in A's posterior (J = T (κA)ᵀV⁻¹(κA), the
@@ -81,7 +89,8 @@ STRUCTURAL_PRIOR_WIDTH = 0.5
 
 def lkj_concentration_centre(n: int, correlation_prior: str = "lkj") -> float:
     """Centre of the hyperprior on η, the concentration of the LKJ prior on the correlation R of
-    the n × n μ-block of A: 0.75 n + 0.5, or 2 where the released curvature observes R
+    the n × n μ-block of A (of the records' share of it where the curvature is released, see
+    :func:`curvature_blocks`): 0.75 n + 0.5, or 2 where the released curvature observes R
     (``correlation_prior="released-likelihood"``, see :class:`ModelStructure`).
 
     Under LKJ(η) each correlation has variance 1/(2η − 1 + n), so the spectral spread of R − I,
@@ -135,8 +144,9 @@ RELEASED_CORRELATION_REDRAWS = 200
 #: Smallest eigenvalue the centre of that prior may have, as a correlation matrix: a released
 #: estimate that noise made indefinite is pulled back to this.
 RELEASED_CORRELATION_FLOOR = 0.02
-#: Smallest share of A's diagonal that the records' information is given when the prior's
-#: curvature seems to account for all of it.
+#: Smallest share of A's μ-diagonal that the records' information is given when the prior's
+#: curvature seems to account for all of it (a parameter the records do not inform, such as a
+#: group scale, or a prior curvature at φ̄ larger than q's precision).
 LIKELIHOOD_SHARE_FLOOR = 0.05
 
 
@@ -152,23 +162,18 @@ def partial_correlations(correlation: np.ndarray) -> np.ndarray:
 
 
 def released_correlation_prior(
-    fisher: np.ndarray, noise_std: float, prior_curvature: np.ndarray, diagonal: np.ndarray
+    fisher: np.ndarray, noise_std: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Centre and width of the prior on y = atanh(z), z the canonical partial correlations of
-    the correlation R of A's μ-block, from the released curvature.
+    the correlation R of the records' share of A's μ-block, from the released curvature.
 
-    A's μ-block is the ELBO's curvature in μ: the records' information plus the curvature of the
-    model's prior, E_q[−∇² log p(θ)], which is public.  The release estimates the records' part
-    up to a factor (clipping shrinks it) by the empirical Fisher information ``fisher``, the
-    sum of the outer products of their μ-gradients, which near the optimum equals it in
-    expectation for a well-specified model.  The centre takes the Fisher information's
-    correlations and gives them the share of A's ``diagonal`` (its prior centre) that the
-    model's prior leaves to the records:
-
-        Â = P + S corr(F) S,  S_j² = A_jj − P_jj,   R̂ = diag(Â)^(−½) Â diag(Â)^(−½),
-
-    with P = ``prior_curvature``, S_j² at least ``LIKELIHOOD_SHARE_FLOOR`` · A_jj, and R̂'s
-    eigenvalues floored at ``RELEASED_CORRELATION_FLOOR``.  A coordinate whose released
+    A's μ-block is the ELBO's curvature in μ: the curvature of the model's prior part,
+    E_q[−∇² log p(θ)], which is public, plus the records' share D^½ R D^½ (see
+    :func:`curvature_blocks`).  The release estimates the records' share up to a factor
+    (clipping shrinks it) by the empirical Fisher information ``fisher``, the sum of the outer
+    products of their μ-gradients, which near the optimum equals it in expectation for a
+    well-specified model.  The centre is the Fisher information's correlation with its
+    eigenvalues floored at ``RELEASED_CORRELATION_FLOOR``; a coordinate whose released
     information is not positive gets no correlation from it.
 
     Each width adds ``RELEASED_CORRELATION_WIDTH`` in quadrature to the spread of y over
@@ -177,14 +182,9 @@ def released_correlation_prior(
     public, so this costs no privacy and needs no approximation of the map to y.
     """
     fisher = np.asarray(fisher, dtype=float)
-    prior_curvature = np.asarray(prior_curvature, dtype=float)
-    diagonal = np.asarray(diagonal, dtype=float)
-    centre = _released_correlations(fisher, prior_curvature, diagonal)
+    centre = _released_correlations(fisher)
     redrawn = np.stack(
-        [
-            _released_correlations(fisher + e, prior_curvature, diagonal)
-            for e in _noise_redraws(noise_std, fisher.shape[0])
-        ]
+        [_released_correlations(fisher + e) for e in _noise_redraws(noise_std, fisher.shape[0])]
     )
     width = np.sqrt(redrawn.var(axis=0) + RELEASED_CORRELATION_WIDTH**2)
     return centre, width
@@ -236,25 +236,35 @@ def _fisher_correlation(fisher: np.ndarray) -> np.ndarray:
     return np.clip(fisher / np.outer(scale, scale), -1.0, 1.0)
 
 
-def _released_correlations(
-    fisher: np.ndarray, prior_curvature: np.ndarray, diagonal: np.ndarray
-) -> np.ndarray:
-    """y = atanh(z) of the centre R̂ of :func:`released_correlation_prior`."""
-    fisher_correlation = _fisher_correlation(fisher)
-    share = np.sqrt(
-        np.maximum(diagonal - np.diagonal(prior_curvature), LIKELIHOOD_SHARE_FLOOR * diagonal)
-    )
-    centre = prior_curvature + np.outer(share, share) * fisher_correlation
-    np.fill_diagonal(centre, diagonal)
-    root = np.sqrt(diagonal)
-    correlation = centre / np.outer(root, root)
-    eigenvalues, eigenvectors = np.linalg.eigh((correlation + correlation.T) / 2)
+def _released_correlations(fisher: np.ndarray) -> np.ndarray:
+    """y = atanh(z) of the centre of :func:`released_correlation_prior`."""
+    eigenvalues, eigenvectors = np.linalg.eigh(_fisher_correlation(fisher))
     correlation = (eigenvectors * np.maximum(eigenvalues, RELEASED_CORRELATION_FLOOR)) @ (
         eigenvectors.T
     )
     root = np.sqrt(np.diagonal(correlation))
-    correlation = correlation / np.outer(root, root)
-    return np.arctanh(partial_correlations(correlation))
+    return np.arctanh(partial_correlations(correlation / np.outer(root, root)))
+
+
+def fitted_prior_curvature(curvature: np.ndarray, diagonal: np.ndarray) -> np.ndarray:
+    """The model's prior curvature P as the fixed part of A's μ-block, whose diagonal is centred
+    on ``diagonal``: P's nearest positive semi-definite matrix (its negative eigenvalues set to
+    0), scaled down coordinate by coordinate where its diagonal would exceed
+    1 − ``LIKELIHOOD_SHARE_FLOOR`` of ``diagonal``.
+
+    A = P + D^½ R D^½ must be positive definite, and the prior's curvature E_q[−∇² log p(θ)]
+    need not be (a hierarchical prior's funnel is not log-concave); setting its negative
+    eigenvalues to 0 raises its diagonal.  The centre of A's diagonal, q's precision at its
+    optimum, is exact for a mean-field Gaussian, so P may take most of it, not all: the scaling
+    keeps P's correlations and leaves the records' share of every coordinate at least
+    ``LIKELIHOOD_SHARE_FLOOR`` of it.
+    """
+    eigenvalues, eigenvectors = np.linalg.eigh((curvature + curvature.T) / 2)
+    positive = (eigenvectors * np.maximum(eigenvalues, 0.0)) @ eigenvectors.T
+    room = (1 - LIKELIHOOD_SHARE_FLOOR) * np.asarray(diagonal, dtype=float)
+    own = np.diagonal(positive)
+    scale = np.sqrt(np.where(own > room, room / np.where(own > 0, own, 1.0), 1.0))
+    return scale[:, None] * positive * scale[None, :]
 
 
 #: Largest number of model parameters for which ``curvature="auto"`` uses a full μ-block.
@@ -293,7 +303,7 @@ class TraceStatistics(NamedTuple):
     #: for μ; both 0 for u (used by the ``"model-bounded"`` optimum prior).
     model_precision: jax.Array
     model_offset: jax.Array
-    #: Prior of the μ-block's correlation from the released curvature
+    #: Prior of the correlation of the records' share of the μ-block from the released curvature
     #: (:func:`released_correlation_prior`): centre and width of each canonical partial
     #: correlation on the unconstrained scale y = atanh(z), row by row below the diagonal; empty
     #: without the release.
@@ -301,8 +311,8 @@ class TraceStatistics(NamedTuple):
     correlation_width: jax.Array = jnp.zeros(0)
     #: The release read as an observation of the records' share of the μ-block
     #: (:func:`released_fisher_correlations`): its correlations and their standard deviations,
-    #: and the model's prior curvature at φ̄ (n × n) that A's μ-block adds to that share; empty
-    #: without the release.
+    #: and the model's prior curvature P at φ̄ (n × n, positive semi-definite) that A's μ-block
+    #: adds to that share (:func:`curvature_blocks`); empty without the release.
     fisher_correlation: jax.Array = jnp.zeros(0)
     fisher_correlation_std: jax.Array = jnp.zeros(0)
     prior_curvature: jax.Array = jnp.zeros((0, 0))
@@ -350,8 +360,10 @@ class TraceStatistics(NamedTuple):
         deviation of its noise per entry, and the curvature of the model's prior part of the
         ELBO in μ as a function of φ (public).  Both readings of it are kept, whichever
         :attr:`ModelStructure.correlation_prior` asks for: the prior of
-        :func:`released_correlation_prior` at φ̄ (whose centre also starts NUTS for the
-        likelihood reading) and the observations of :func:`released_fisher_correlations`.
+        :func:`released_correlation_prior` (whose centre also starts NUTS for the likelihood
+        reading) and the observations of :func:`released_fisher_correlations`.  The prior's
+        curvature at φ̄ becomes the fixed part P of A's μ-block (:func:`curvature_blocks`), and
+        the prior of A's diagonal becomes one of the records' share: its centre less P's.
         """
         end = len(noisy_grad) - anchored
         x = phi[burn_in:end]
@@ -400,9 +412,13 @@ class TraceStatistics(NamedTuple):
         prior_curvature_mu = np.zeros((0, 0))
         if released_curvature is not None:
             fisher, fisher_noise, prior_curvature = released_curvature
-            prior_curvature_mu = prior_curvature(phi_bar)
+            diagonal = np.exp(v_mean[:n])
+            prior_curvature_mu = fitted_prior_curvature(prior_curvature(phi_bar), diagonal)
+            # v is then the log of the records' share of A's μ-diagonal: what the model's
+            # prior curvature leaves of the centre, so A's diagonal keeps its centre.
+            v_mean[:n] = np.log(diagonal - np.diagonal(prior_curvature_mu))
             correlation_centre, correlation_width = released_correlation_prior(
-                fisher, fisher_noise, prior_curvature_mu, np.exp(v_mean[:n])
+                fisher, fisher_noise
             )
             fisher_correlation, fisher_std = released_fisher_correlations(fisher, fisher_noise)
         return cls(
@@ -532,7 +548,12 @@ def curvature_blocks(
     params: jax.Array, stats: TraceStatistics, full: bool
 ) -> tuple[jax.Array, jax.Array]:
     """The two blocks of the block-diagonal curvature A: the μ-block (n × n; diagonal unless
-    ``full``) and the diagonal of the u-block (n,)."""
+    ``full``) and the diagonal of the u-block (n,).
+
+    A full μ-block is D^½ R D^½ with D = diag(exp(v)) and R the correlation of y, plus the model's
+    prior curvature P where the statistics hold it (the released curvature): v and R are then the
+    records' share, and P's correlations are exact rather than held by R's prior.
+    """
     d = stats.phi_bar.shape[0]
     n = d // 2
     _, v, y, _, _ = unpack(params, d, n_correlations(stats, full))
@@ -540,7 +561,10 @@ def curvature_blocks(
     if not full:
         return jnp.diag(scale[:n] ** 2), scale[n:] ** 2
     chol, _ = correlation_cholesky(y, n)
-    return scale[:n, None] * (chol @ chol.T) * scale[None, :n], scale[n:] ** 2
+    share = scale[:n, None] * (chol @ chol.T) * scale[None, :n]
+    if stats.prior_curvature.size:
+        share = share + stats.prior_curvature
+    return share, scale[n:] ** 2
 
 
 def curvature(params: jax.Array, stats: TraceStatistics, full: bool) -> jax.Array:
@@ -614,25 +638,21 @@ def _noise_and_prior(
         else:
             log_prior = log_prior + _lkj_cholesky_logp(chol, structure.lkj_eta)
         if structure.correlation_prior == "released-likelihood":
-            log_prior = log_prior + _released_likelihood(v[:n], chol, stats)
+            log_prior = log_prior + _released_likelihood(chol, stats)
     if sub.shape[0]:
         variance = variance + sub**2
         log_prior = log_prior - 0.5 * jnp.sum((sub / stats.subsampling_scale) ** 2)
     return variance, log_prior
 
 
-def _released_likelihood(v_mu: jax.Array, chol: jax.Array, stats: TraceStatistics) -> jax.Array:
-    """log density of the released Fisher correlations given the μ-block A = D^½ R D^½: they
-    observe the correlations of the records' share A − P (P the model's prior curvature), each
-    with its own standard deviation, and each diagonal share at least
-    ``LIKELIHOOD_SHARE_FLOOR`` of A's."""
-    n = v_mu.shape[0]
-    scale = jnp.exp(0.5 * v_mu)
-    share = scale[:, None] * (chol @ chol.T) * scale[None, :] - stats.prior_curvature
-    diagonal = jnp.maximum(jnp.diagonal(share), LIKELIHOOD_SHARE_FLOOR * scale**2)
-    rows, cols = np.tril_indices(n, -1)
-    correlation = share[rows, cols] / jnp.sqrt(diagonal[rows] * diagonal[cols])
-    residual = (stats.fisher_correlation - correlation) / stats.fisher_correlation_std
+def _released_likelihood(chol: jax.Array, stats: TraceStatistics) -> jax.Array:
+    """log density of the released Fisher correlations given the correlation R = chol cholᵀ
+    of the records' share of the μ-block (:func:`curvature_blocks`): they observe it entry by
+    entry, each with its own standard deviation."""
+    rows, cols = np.tril_indices(chol.shape[0], -1)
+    residual = (stats.fisher_correlation - (chol @ chol.T)[rows, cols]) / (
+        stats.fisher_correlation_std
+    )
     return -0.5 * jnp.sum(residual**2)
 
 
@@ -845,22 +865,24 @@ def _to_draws(
 ) -> PostProcessingDraws:
     d = stats.phi_bar.shape[0]
     n_corr = n_correlations(stats, structure.full_curvature)
-    rows, cols = np.tril_indices(d // 2, -1)
+    rows, cols = np.tril_indices(d // 2, -1) if n_corr else (np.zeros(0, int),) * 2
 
-    def correlations(params: jax.Array) -> jax.Array:
-        chol, _ = correlation_cholesky(unpack(params, d, n_corr)[2], d // 2)
-        return (chol @ chol.T)[rows, cols]
+    def diagonal_and_correlations(params: jax.Array) -> tuple[jax.Array, jax.Array]:
+        mu_block, u_diagonal = curvature_blocks(params, stats, structure.full_curvature)
+        diagonal = jnp.diagonal(mu_block)
+        root = jnp.sqrt(diagonal)
+        correlation = (mu_block / jnp.outer(root, root))[rows, cols]
+        return jnp.concatenate([diagonal, u_diagonal]), correlation
 
     positions = np.asarray(positions)
-    flat = positions.reshape(-1, positions.shape[-1])
+    shape = positions.shape[:-1]
+    diagonal, correlation = jax.vmap(diagonal_and_correlations)(
+        jnp.asarray(positions.reshape(-1, positions.shape[-1]))
+    )
     return PostProcessingDraws(
         phi_star=np.asarray(stats.phi_bar) + positions[..., :d],
-        curvature_diagonal=np.exp(positions[..., d : 2 * d]),  # A's diagonal is exp(v)
-        mu_correlation=(
-            np.asarray(jax.vmap(correlations)(flat)).reshape(*positions.shape[:-1], n_corr)
-            if n_corr
-            else np.zeros((*positions.shape[:-1], 0))
-        ),
+        curvature_diagonal=np.asarray(diagonal).reshape(*shape, d),
+        mu_correlation=np.asarray(correlation).reshape(*shape, n_corr),
         sample_stats={k: np.asarray(v) for k, v in sample_stats.items()},
         mu_concentration=_concentration(positions, d, n_corr, structure),
     )

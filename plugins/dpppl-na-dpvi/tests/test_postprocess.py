@@ -306,29 +306,19 @@ def test_partial_correlations_invert_the_correlation_factor():
 class TestTheReleasedCorrelationPrior:
     """The prior of A's μ-block correlation from the released Fisher information."""
 
-    def test_without_noise_or_prior_curvature_it_is_centred_on_the_fishers_correlation(self):
+    def test_without_noise_it_is_centred_on_the_fishers_correlation(self):
         rng = np.random.default_rng(13)
         correlation = random_correlation(rng, 4)
         scales = np.array([3.0, 0.5, 1.0, 20.0])  # clipping and standardisation: any scale
         fisher = correlation * np.outer(scales, scales)
-        centre, width = released_correlation_prior(fisher, 0.0, np.zeros((4, 4)), np.ones(4))
+        centre, width = released_correlation_prior(fisher, 0.0)
         np.testing.assert_allclose(correlation_of(centre, 4), correlation, atol=1e-12)
         np.testing.assert_allclose(width, postprocess.RELEASED_CORRELATION_WIDTH)
-
-    def test_the_models_prior_curvature_takes_its_share_of_the_diagonal(self):
-        """A = P + S corr(F) S with S² = diag(A) − diag(P): a prior that holds a coordinate
-        tightly leaves less of the records' correlation in A's."""
-        fisher = np.array([[1.0, 0.8], [0.8, 1.0]])
-        prior = np.diag([2.0, 0.0])
-        diagonal = np.array([4.0, 1.0])  # the records' share: 2 and 1
-        centre, _ = released_correlation_prior(fisher, 0.0, prior, diagonal)
-        expected = 0.8 * np.sqrt(2.0 * 1.0) / np.sqrt(4.0 * 1.0)
-        np.testing.assert_allclose(correlation_of(centre, 2)[0, 1], expected, rtol=1e-12)
 
     def test_its_width_grows_with_the_releases_noise(self):
         fisher = random_correlation(np.random.default_rng(14), 3)
         widths = [
-            released_correlation_prior(fisher, noise, np.zeros((3, 3)), np.ones(3))[1]
+            released_correlation_prior(fisher, noise)[1]
             for noise in (0.0, 0.05, 0.2)
         ]
         assert np.all(widths[0] < widths[1]) and np.all(widths[1] < widths[2])
@@ -337,14 +327,14 @@ class TestTheReleasedCorrelationPrior:
 
     def test_a_coordinate_without_released_information_gets_no_correlation_from_it(self):
         fisher = np.array([[1.0, 0.9, 0.5], [0.9, 1.0, 0.3], [0.5, 0.3, -0.1]])
-        centre, _ = released_correlation_prior(fisher, 0.0, np.zeros((3, 3)), np.ones(3))
+        centre, _ = released_correlation_prior(fisher, 0.0)
         correlation = correlation_of(centre, 3)
         np.testing.assert_allclose(correlation[2, :2], 0.0, atol=1e-12)
         assert correlation[0, 1] > 0.8
 
     def test_an_indefinite_release_gives_a_well_conditioned_centre(self):
         fisher = np.array([[1.0, 0.99, -0.99], [0.99, 1.0, 0.99], [-0.99, 0.99, 1.0]])
-        centre, width = released_correlation_prior(fisher, 0.3, np.zeros((3, 3)), np.ones(3))
+        centre, width = released_correlation_prior(fisher, 0.3)
         eigenvalues = np.linalg.eigvalsh(correlation_of(centre, 3))
         # Floored, then rescaled to a unit diagonal (which can lower it by the diagonal's growth).
         assert eigenvalues.min() >= postprocess.RELEASED_CORRELATION_FLOOR / 2
@@ -396,33 +386,93 @@ class TestTheReleasedCorrelationLikelihood:
             ratios.append(observed[read] / std[read])
         assert np.mean(np.concatenate(ratios) ** 2) < 1.3
 
-    def test_it_favours_the_curvature_whose_share_the_release_observed(self):
-        """A = P + S R S: with the model's prior curvature P taken off, the correlation the
-        release saw is the density's best, and a curvature without it is worse."""
+    def test_it_favours_the_correlation_the_release_observed(self):
+        """R is the correlation of the records' share: the released correlation is the
+        density's best, and a share without it is worse."""
         rng = np.random.default_rng(16)
         n = 3
         share = random_correlation(rng, n) * 4.0
-        prior = np.diag([1.0, 0.5, 2.0])
-        a = prior + share
         stats = TraceStatistics.from_trace(
             rng.normal(size=(201, 2 * n)), rng.normal(size=(200, 2 * n)), burn_in=0,
             noise_std=np.ones(2 * n), rate=KAPPA, subsampling_scale=np.zeros(2 * n),
-            released_curvature=(share * 7.0, 0.0, lambda phi: prior),
+            released_curvature=(share * 7.0, 0.0, lambda phi: np.diag([1.0, 0.5, 2.0])),
         )
-        scale = np.sqrt(np.diagonal(a))
-        truth = np.arctanh(partial_correlations(a / np.outer(scale, scale)))
-        v = jnp.concatenate([jnp.log(jnp.asarray(np.diagonal(a))), jnp.zeros(n)])
+        truth = np.arctanh(partial_correlations(share / 4.0))
 
         def released_term(y):
             chol, _ = correlation_cholesky(jnp.asarray(y), n)
-            return postprocess._released_likelihood(v[:n], chol, stats)
+            return postprocess._released_likelihood(chol, stats)
 
         assert float(released_term(truth)) == pytest.approx(0.0, abs=1e-9)
         assert float(released_term(np.zeros_like(truth))) < -1.0
 
 
-@pytest.mark.parametrize("full", [True, False], ids=["full", "diagonal"])
-def test_the_stored_diagonal_and_correlations_rebuild_every_curvature_matrix(full):
+class TestTheStructuredCurvature:
+    """Where the curvature is released, A's μ-block is the model's prior curvature P, which is
+    public and exact, plus the records' share D^½ R D^½, whose correlation R the release
+    observes: the correlations the prior makes (a group mean with its groups' intercepts) are
+    not shrunk with the records' (which a hierarchical prior does not have)."""
+
+    @staticmethod
+    def stats(prior, phi_bar_u, fisher):
+        n = prior.shape[0]
+        rng = np.random.default_rng(17)
+        phi = rng.normal(scale=1e-3, size=(201, 2 * n))
+        phi[:, n:] += phi_bar_u - phi[:, n:].mean(axis=0)
+        return TraceStatistics.from_trace(
+            phi, rng.normal(size=(200, 2 * n)), burn_in=0, noise_std=np.ones(2 * n),
+            rate=KAPPA, subsampling_scale=np.zeros(2 * n),
+            released_curvature=(fisher, 0.0, lambda phi: prior),
+        )
+
+    def test_the_records_share_of_the_diagonal_is_what_the_prior_leaves(self):
+        prior = np.array([[3.0, 2.0, 0.0], [2.0, 2.0, 0.0], [0.0, 0.0, 0.0]])
+        u = np.asarray(softplus_inverse(np.array([0.2, 0.1, 0.5])))  # A's diagonal 5, 10, 2
+        stats = self.stats(prior, u, np.eye(3))
+        share = np.exp(np.asarray(stats.prior_v_mean[:3]))
+        np.testing.assert_allclose(share, np.array([5.0, 10.0, 2.0]) - [3.0, 2.0, 0.0],
+                                   rtol=1e-2)
+
+    def test_the_prior_keeps_its_correlations_whatever_the_records_share(self):
+        prior = np.array([[3.0, 2.0, 0.0], [2.0, 2.0, 0.0], [0.0, 0.0, 0.0]])
+        u = np.asarray(softplus_inverse(np.array([0.2, 0.1, 0.5])))
+        stats = self.stats(prior, u, np.eye(3))
+        n_corr = 3
+        position = jnp.concatenate([stats.prior_v_mean, jnp.zeros(n_corr)])
+        mu_block, _ = postprocess.curvature_blocks(
+            jnp.concatenate([jnp.zeros(6), position]), stats, True
+        )
+        share = np.diag(np.exp(np.asarray(stats.prior_v_mean[:3])))
+        np.testing.assert_allclose(np.asarray(mu_block), prior + share, rtol=1e-12)
+
+    def test_a_prior_curvature_that_is_not_positive_is_made_so(self):
+        """A funnel's prior curvature can be indefinite; A must stay positive definite."""
+        prior = np.array([[1.0, 2.0], [2.0, 1.0]])  # eigenvalues 3 and −1
+        kept = postprocess.fitted_prior_curvature(prior, np.full(2, 100.0))
+        np.testing.assert_allclose(kept, np.full((2, 2), 1.5), rtol=1e-12)
+
+    def test_a_prior_curvature_beyond_qs_precision_is_scaled_into_it(self):
+        """A's diagonal keeps its centre, q's precision: P takes at most all but
+        LIKELIHOOD_SHARE_FLOOR of it, with its correlations kept."""
+        prior = np.array([[4.0, 1.8], [1.8, 1.0]])
+        diagonal = np.array([2.0, 10.0])
+        kept = postprocess.fitted_prior_curvature(prior, diagonal)
+        room = 1 - postprocess.LIKELIHOOD_SHARE_FLOOR
+        np.testing.assert_allclose(np.diagonal(kept), [room * 2.0, 1.0], rtol=1e-12)
+        np.testing.assert_allclose(kept[0, 1] / np.sqrt(kept[0, 0] * kept[1, 1]), 0.9,
+                                   rtol=1e-12)
+        stats = self.stats(prior, np.asarray(softplus_inverse(1 / diagonal)), np.eye(2))
+        a_diagonal = np.diagonal(np.asarray(stats.prior_curvature)) + np.exp(
+            np.asarray(stats.prior_v_mean[:2])
+        )
+        np.testing.assert_allclose(a_diagonal, diagonal, rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("full", "released"), [(True, False), (False, False), (True, True)],
+    ids=["full", "diagonal", "prior-plus-records"],
+)
+def test_the_stored_diagonal_and_correlations_rebuild_every_curvature_matrix(full, released):
     """Draws keep A by its diagonal and the correlations of its μ-block, not d × d numbers each."""
     from dpppl_na_dpvi.postprocess import (
         _to_draws,
@@ -433,9 +483,11 @@ def test_the_stored_diagonal_and_correlations_rebuild_every_curvature_matrix(ful
 
     rng = np.random.default_rng(7)
     d = 6
+    prior = np.array([[2.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.5]])
     stats = TraceStatistics.from_trace(
         rng.normal(size=(201, d)), rng.normal(size=(200, d)), burn_in=0, noise_std=np.ones(d),
         rate=KAPPA, subsampling_scale=np.zeros(d),
+        released_curvature=(np.eye(3), 0.1, lambda phi: prior) if released else None,
     )
     size = 2 * d + n_shape_parameters(stats, ModelStructure(full_curvature=full))
     positions = rng.normal(size=(2, 5, size))
