@@ -235,13 +235,14 @@ class NADPVI(Mechanism):
         singular R, and at ε = 0.1 a fit's posterior draws were not finite.  Measured
         (``tutorials/RESULTS.md``, 2026-11-29; joint TARP RMSE, class studies K = 200 at ε = 1,
         floor 0.026 ± 0.011; 10-D regression K = 100, floor 0.037 ± 0.015): the defaults give
-        logistic / Poisson / unknown-scale regressions 0.028 / 0.029 / 0.024, the demo's model
-        0.030 and the 10-D regression 0.043 / 0.044 / 0.079 at ε = 1 / 0.3 / 0.1, against
+        logistic / Poisson / unknown-scale regressions 0.028 / 0.028 / 0.025, the demo's model
+        0.036 and the 10-D regression 0.044 / 0.045 / 0.086 at ε = 1 / 0.3 / 0.1, against
         0.050 / 0.029 / 0.038 / 0.041 and 0.040–0.044 / 0.122 / 0.045 with the former defaults
-        (``"lkj"``, η = 2, standardised rates); at ε = 0.1 both are too wide in the weights.  The
-        varying intercepts stay miscalibrated with every choice (0.061: the group mean, scale
-        and offsets over-confident, the slope too wide), as mean-field q is without privacy
-        noise (ε = 30: 0.437).
+        (``"lkj"``, η = 2, standardised rates); at ε = 0.1 both are too wide in the weights.
+        Varying intercepts written centred read 0.020 (0.032 when one R described the whole of
+        A, prior's share included); written non-centred they stay miscalibrated with every
+        choice (0.061: the group mean, scale and offsets over-confident, the slope too wide), as
+        mean-field q is without privacy noise (ε = 30: 0.437).
         The released readings need a full μ-block; a diagonal A releases nothing extra.
     lkj_eta
         η of R's LKJ prior (``correlation_prior`` ``"lkj"`` or ``"released-likelihood"``).  None
