@@ -238,12 +238,15 @@ def _fisher_correlation(fisher: np.ndarray) -> np.ndarray:
 
 def _released_correlations(fisher: np.ndarray) -> np.ndarray:
     """y = atanh(z) of the centre of :func:`released_correlation_prior`."""
-    eigenvalues, eigenvectors = np.linalg.eigh(_fisher_correlation(fisher))
-    correlation = (eigenvectors * np.maximum(eigenvalues, RELEASED_CORRELATION_FLOOR)) @ (
-        eigenvectors.T
-    )
+    correlation = _floor_eigenvalues(_fisher_correlation(fisher), RELEASED_CORRELATION_FLOOR)
     root = np.sqrt(np.diagonal(correlation))
     return np.arctanh(partial_correlations(correlation / np.outer(root, root)))
+
+
+def _floor_eigenvalues(matrix: np.ndarray, floor: float) -> np.ndarray:
+    """The symmetric part of ``matrix`` with its eigenvalues raised to at least ``floor``."""
+    eigenvalues, eigenvectors = np.linalg.eigh((matrix + matrix.T) / 2)
+    return (eigenvectors * np.maximum(eigenvalues, floor)) @ eigenvectors.T
 
 
 def fitted_prior_curvature(curvature: np.ndarray, diagonal: np.ndarray) -> np.ndarray:
@@ -259,8 +262,7 @@ def fitted_prior_curvature(curvature: np.ndarray, diagonal: np.ndarray) -> np.nd
     keeps P's correlations and leaves the records' share of every coordinate at least
     ``LIKELIHOOD_SHARE_FLOOR`` of it.
     """
-    eigenvalues, eigenvectors = np.linalg.eigh((curvature + curvature.T) / 2)
-    positive = (eigenvectors * np.maximum(eigenvalues, 0.0)) @ eigenvectors.T
+    positive = _floor_eigenvalues(curvature, 0.0)
     room = (1 - LIKELIHOOD_SHARE_FLOOR) * np.asarray(diagonal, dtype=float)
     own = np.diagonal(positive)
     scale = np.sqrt(np.where(own > room, room / np.where(own > 0, own, 1.0), 1.0))
@@ -561,10 +563,10 @@ def curvature_blocks(
     if not full:
         return jnp.diag(scale[:n] ** 2), scale[n:] ** 2
     chol, _ = correlation_cholesky(y, n)
-    share = scale[:n, None] * (chol @ chol.T) * scale[None, :n]
-    if stats.prior_curvature.size:
-        share = share + stats.prior_curvature
-    return share, scale[n:] ** 2
+    records = scale[:n, None] * (chol @ chol.T) * scale[None, :n]
+    if not stats.prior_curvature.size:
+        return records, scale[n:] ** 2
+    return records + stats.prior_curvature, scale[n:] ** 2
 
 
 def curvature(params: jax.Array, stats: TraceStatistics, full: bool) -> jax.Array:
