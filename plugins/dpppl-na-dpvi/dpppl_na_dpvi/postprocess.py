@@ -264,8 +264,7 @@ def fitted_prior_curvature(curvature: np.ndarray, diagonal: np.ndarray) -> np.nd
     """
     positive = _floor_eigenvalues(curvature, 0.0)
     room = (1 - LIKELIHOOD_SHARE_FLOOR) * np.asarray(diagonal, dtype=float)
-    own = np.diagonal(positive)
-    scale = np.sqrt(np.where(own > room, room / np.where(own > 0, own, 1.0), 1.0))
+    scale = np.sqrt(room / np.maximum(np.diagonal(positive), room))
     return scale[:, None] * positive * scale[None, :]
 
 
@@ -867,7 +866,7 @@ def _to_draws(
 ) -> PostProcessingDraws:
     d = stats.phi_bar.shape[0]
     n_corr = n_correlations(stats, structure.full_curvature)
-    rows, cols = np.tril_indices(d // 2, -1) if n_corr else (np.zeros(0, int),) * 2
+    rows, cols = np.tril_indices(d // 2 if n_corr else 0, -1)
 
     def diagonal_and_correlations(params: jax.Array) -> tuple[jax.Array, jax.Array]:
         mu_block, u_diagonal = curvature_blocks(params, stats, structure.full_curvature)
