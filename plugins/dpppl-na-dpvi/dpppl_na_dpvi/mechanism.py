@@ -235,26 +235,26 @@ class NADPVI(Mechanism):
         singular R, and at ε = 0.1 a fit's posterior draws were not finite.  Measured
         (``tutorials/RESULTS.md``, 2026-11-29; joint TARP RMSE, class studies K = 200 at ε = 1,
         floor 0.026 ± 0.011; 10-D regression K = 100, floor 0.037 ± 0.015): the defaults give
-        logistic / Poisson / unknown-scale regressions 0.028 / 0.028 / 0.025, the demo's model
-        0.036 and the 10-D regression 0.044 / 0.045 / 0.086 at ε = 1 / 0.3 / 0.1, against
-        0.050 / 0.029 / 0.038 / 0.041 and 0.040–0.044 / 0.122 / 0.045 with the former defaults
-        (``"lkj"``, η = 2, standardised rates); at ε = 0.1 both are too wide in the weights.
-        Varying intercepts written centred read 0.020 (0.032 when one R described the whole of
-        A, prior's share included); written non-centred they stay miscalibrated with every
-        choice (0.061: the group mean, scale and offsets over-confident, the slope too wide), as
-        mean-field q is without privacy noise (ε = 30: 0.437).
+        logistic / Poisson / unknown-scale regressions 0.028 / 0.032 / 0.032, the demo's model
+        0.042 and the 10-D regression 0.044 / 0.035 / 0.037 at ε = 1 / 0.3 / 0.1 (paper 0.027 /
+        0.035 / 0.036), against 0.050 / 0.029 / 0.038 / 0.041 and 0.040–0.044 / 0.122 / 0.045
+        with the former defaults (``"lkj"``, η = 2, standardised rates); at ε = 0.1 the weights
+        are still too wide one at a time.  Varying intercepts written centred read 0.029;
+        written non-centred they stay miscalibrated with every choice (0.113: the group mean,
+        scale and offsets over-confident, the slope too wide), as mean-field q is without
+        privacy noise (ε = 30: 0.437).
         The released readings need a full μ-block; a diagonal A releases nothing extra.
     lkj_eta
         η of R's LKJ prior (``correlation_prior`` ``"lkj"`` or ``"released-likelihood"``).  None
         (default) learns η under a hyperprior (``dpppl_na_dpvi.postprocess.
         lkj_concentration_centre``; Laplace, whose joint mode of a learned η is degenerate, then
-        fixes η at its centre): centred on LKJ(2) beside the release, which then moves η, all
+        fixes η at its centre), centred where R stays as well conditioned as LKJ(2) keeps a 2 × 2
+        correlation whatever the number of parameters, and wide: the release moves η, all
         correlations together (it grows where they are all within their noise of 0, as on a
-        regression with independent covariates, and stays small where some stand out); with
-        ``"lkj"`` alone centred to grow with the number of parameters, since the trace says too
-        little to move it.  A fixed η decides how close to singular A may come: η = 2 is several
-        times too wide on a 10-D regression with independent covariates, and a larger η
-        over-confident where the curvature is strongly correlated (``tutorials/RESULTS.md``).
+        regression with independent covariates, and falls to about 2 where some stand out).
+        A fixed η decides how close to singular A may come: η = 2 is several times too wide on a
+        10-D regression with independent covariates, and a larger η over-confident where the
+        curvature is strongly correlated (``tutorials/RESULTS.md``).
     covariance
         The covariance of θ given each draw of the optimum.  ``"mean-field"`` (default, the
         paper's): θ ~ q(θ; φ*), variances softplus(u*).  ``"linear-response"``: θ ~ N(μ*, A_μ⁻¹)
@@ -757,7 +757,7 @@ class NADPVI(Mechanism):
             integrated_optimum=o.optimum == "integrated",
             optimum_prior=o.resolved_optimum_prior(model.n_params),
             lkj_eta=o.lkj_eta if o.lkj_eta is not None or o.inference == "nuts" else (
-                lkj_concentration_centre(model.n_params, correlation_prior)
+                lkj_concentration_centre(model.n_params)
             ),
             correlation_prior=correlation_prior,
         )

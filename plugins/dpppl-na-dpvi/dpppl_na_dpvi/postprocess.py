@@ -87,41 +87,39 @@ MARGINAL_UNIT_INFORMATION = ("unit-information", "model-bounded")
 STRUCTURAL_PRIOR_WIDTH = 0.5
 
 
-def lkj_concentration_centre(n: int, correlation_prior: str = "lkj") -> float:
+def lkj_concentration_centre(n: int) -> float:
     """Centre of the hyperprior on η, the concentration of the LKJ prior on the correlation R of
     the n × n μ-block of A (of the records' share of it where the curvature is released, see
-    :func:`curvature_blocks`): 0.75 n + 0.5, or 2 where the released curvature observes R
-    (``correlation_prior="released-likelihood"``, see :class:`ModelStructure`).
+    :func:`curvature_blocks`): 0.75 n + 0.5.
 
     Under LKJ(η) each correlation has variance 1/(2η − 1 + n), so the spectral spread of R − I,
     about 2√(n/(2η − 1 + n)), grows with n at a fixed η: at this centre it stays that of LKJ(2)
-    at n = 2. NA-DPVI's ``lkj_eta=None`` learns η around it (:data:`LKJ_CONCENTRATION_WIDTH`),
-    because no fixed value served every model. The trace says little about each correlation of R, so
-    η decides how close to singular R may come, and along a nearly singular direction the optimum is
-    held only by its prior. On a 10-D regression with independent covariates (TARP at ε = 1,
-    K = 100, with the anchored phase) η = 2 gave a posterior several times too wide (joint RMSE 0.116)
-    and η = 9.5 (this centre) a calibrated one (0.031); on a regression with varying intercepts,
-    whose curvature is strongly correlated, η = 7.25 (this centre) was over-confident (K = 40:
-    0.10–0.19) and η = 2 calibrated (0.05–0.07).
+    at n = 2, and R stays well conditioned however many parameters the model has.  The trace
+    says little about each correlation of R, so where nothing else does η decides how close to
+    singular R may come, and along a nearly singular direction the optimum is held only by its
+    prior.  NA-DPVI's ``lkj_eta=None`` learns η around this centre, a factor e² either way at
+    one standard deviation (:data:`LKJ_CONCENTRATION_WIDTH`): the released correlations inform
+    it all together, so it grows where they are all within their noise of 0 and falls to about
+    2 where some stand out (a strong correlation is improbable under a large η).
 
-    Where the release observes each correlation, η is informed by all of them together, and the
-    hyperprior need not carry the dimension: centred on LKJ(2) it lets η grow where the released
-    correlations are all within their noise of 0 and stay small where some stand out.  Beside the
-    release (TARP, 2026-11-29, ``tutorials/RESULTS.md``), the dimension's centre (η = 9.5) put
-    the 10-D regression at ε = 0.3 on the K = 100 floor but made the demo's logistic regression
-    and the varying intercepts over-confident (joint RMSE 0.047 and 0.140 at K = 200, their
-    strong correlations shrunk with the noise); centred on 2 they read 0.030 and 0.061 and the
-    regression 0.044.  (The varying intercepts' mean-field q is as over-confident without privacy
-    noise, so the demo's model is the one that decides.)  At ε = 0.1 the release barely moves η
-    from either centre: its correlations' noise (0.4–0.5 each) exceeds their spread under
-    LKJ(2), and the regression is too wide with centre 2 (0.079), less so with 9.5 (0.048).
+    Measured (TARP, ``tutorials/RESULTS.md``): with LKJ alone a fixed η = 2 made a 10-D
+    regression with independent covariates several times too wide (ε = 1, K = 100: 0.116) and
+    this centre calibrated it (0.031).  Beside the release, a hyperprior centred on LKJ(2) with
+    width 1 drew nearly singular R (smallest eigenvalue median 0.05) at ε = 0.1, where each
+    released correlation's noise (0.4–0.5) exceeds its spread under LKJ(2), and the regression
+    came out too wide (0.086); this centre with width 2 reads 0.037 (paper 0.036).  With width
+    1 the same centre had made the demo's logistic regression over-confident (0.047 at K = 200,
+    its strong correlations shrunk); with width 2 it reads 0.042 (0.036 centred on 2).
     """
-    return 2.0 if correlation_prior == "released-likelihood" else 0.75 * n + 0.5
+    return 0.75 * n + 0.5
 
 
 #: The hyperprior on η: log(η − 1) ~ N(log(centre − 1), ``LKJ_CONCENTRATION_WIDTH``²), so η ≥ 1
-#: (below 1 LKJ favours nearly singular R) and one standard deviation is a factor e either way.
-LKJ_CONCENTRATION_WIDTH = 1.0
+#: (below 1 LKJ favours nearly singular R) and one standard deviation is a factor e² either way:
+#: wide enough that a few strong released correlations take η down to about 2 from the centre
+#: of a dozen parameters.  NUTS samples R non-centred (:func:`_from_sampler`), since a wide η
+#: makes a funnel with the correlations it squeezes.
+LKJ_CONCENTRATION_WIDTH = 2.0
 
 
 def lkj_log_normaliser(eta: jax.Array, n: int) -> jax.Array:
@@ -480,9 +478,9 @@ class ModelStructure:
     correlation_prior: Literal["lkj", "released", "released-likelihood"] = "lkj"
 
 
-def _log_concentration_centre(structure: ModelStructure, n: int) -> float:
+def _log_concentration_centre(n: int) -> float:
     """log(η − 1) at the centre of a learned η's hyperprior (:func:`lkj_concentration_centre`)."""
-    return float(np.log(lkj_concentration_centre(n, structure.correlation_prior) - 1))
+    return float(np.log(lkj_concentration_centre(n) - 1))
 
 
 def n_correlations(stats: TraceStatistics, full: bool) -> int:
@@ -629,7 +627,7 @@ def _noise_and_prior(
         log_prior = log_prior + log_jac
         if structure.lkj_eta is None:
             eta = 1 + jnp.exp(rho[0])
-            centre = _log_concentration_centre(structure, n)
+            centre = _log_concentration_centre(n)
             log_prior = (
                 log_prior
                 + _lkj_cholesky_logp(chol, eta)
@@ -773,7 +771,7 @@ def initial_position(stats: TraceStatistics, structure: ModelStructure) -> jax.A
             if structure.correlation_prior != "lkj"
             else jnp.zeros(n_corr)
         ),
-        jnp.full(n_rho, _log_concentration_centre(structure, d // 2)),  # η at the centre
+        jnp.full(n_rho, _log_concentration_centre(d // 2)),  # η at the centre
     ]
     if structure.subsampling:
         parts.append(jnp.full(d, 0.1) * stats.subsampling_scale)
@@ -822,10 +820,54 @@ def curvature_matrices(
     return a
 
 
+def _correlation_scales(eta: jax.Array, n: int) -> jax.Array:
+    """Prior standard deviation of each canonical partial correlation of an n × n LKJ(η)
+    correlation (row by row below the diagonal): the one in column j has density ∝ (1 − z²)^(b − 1)
+    with b = η + (n − 2 − j)/2 (Lewandowski, Kurowicka & Joe, 2009), variance 1/(2η + n − 1 − j)."""
+    _, cols = np.tril_indices(n, -1)
+    return 1 / jnp.sqrt(2 * eta + n - 1 - cols)
+
+
+def _sampler_correlations(stats: TraceStatistics, structure: ModelStructure) -> slice | None:
+    """Where y lies in NUTS's position when η is learned (None otherwise); ρ follows it."""
+    if not _n_concentrations(stats, structure):
+        return None
+    d = stats.phi_bar.shape[0]
+    start = d if structure.integrated_optimum else 2 * d
+    return slice(start, start + n_correlations(stats, structure.full_curvature))
+
+
+def _from_sampler(
+    position: jax.Array, stats: TraceStatistics, structure: ModelStructure
+) -> tuple[jax.Array, jax.Array]:
+    """The post-processing model's parameters from NUTS's position, and log|Jacobian|.
+
+    Where η is learned, NUTS sees each correlation y divided by its LKJ(η) prior scale
+    (:func:`_correlation_scales`): non-centred, so that a large η, which squeezes every y towards
+    0, does not make the funnel that gave 13 of 100 fits of the 10-D regression at ε = 0.1
+    divergent transitions with the dimension's hyperprior centre.
+    """
+    ys = _sampler_correlations(stats, structure)
+    if ys is None:
+        return position, jnp.zeros(())
+    scale = _correlation_scales(1 + jnp.exp(position[ys.stop]), stats.phi_bar.shape[0] // 2)
+    return position.at[ys].multiply(scale), jnp.sum(jnp.log(scale))
+
+
+def _to_sampler(params: jax.Array, stats: TraceStatistics, structure: ModelStructure) -> jax.Array:
+    """The inverse of :func:`_from_sampler`."""
+    ys = _sampler_correlations(stats, structure)
+    if ys is None:
+        return params
+    scale = _correlation_scales(1 + jnp.exp(params[ys.stop]), stats.phi_bar.shape[0] // 2)
+    return params.at[ys].divide(scale)
+
+
 def _nuts_sampler(tune: int, draws: int, chains: int, structure: ModelStructure, replicates: bool):
     def one_chain(key, stats):
-        def logdensity(params):
-            return log_density(params, stats, structure)
+        def logdensity(position):
+            params, log_jacobian = _from_sampler(position, stats, structure)
+            return log_density(params, stats, structure) + log_jacobian
 
         key_warmup, key_sample = jax.random.split(key)
         warmup = blackjax.window_adaptation(
@@ -835,7 +877,9 @@ def _nuts_sampler(tune: int, draws: int, chains: int, structure: ModelStructure,
             adaptation_info_fn=blackjax.adaptation.base.get_filter_adapt_info_fn(),
         )
         (state, parameters), _ = warmup.run(
-            key_warmup, initial_position(stats, structure), num_steps=tune
+            key_warmup,
+            _to_sampler(initial_position(stats, structure), stats, structure),
+            num_steps=tune,
         )
         kernel = blackjax.nuts(logdensity, **parameters).step
 
@@ -852,6 +896,7 @@ def _nuts_sampler(tune: int, draws: int, chains: int, structure: ModelStructure,
             return state, (state.position, stats_out)
 
         _, (positions, info) = jax.lax.scan(step, state, jax.random.split(key_sample, draws))
+        positions = jax.vmap(lambda p: _from_sampler(p, stats, structure)[0])(positions)
         return _with_optimum(positions, stats, structure, jax.random.fold_in(key, 1)), info
 
     def run(key, stats):

@@ -156,9 +156,8 @@ CLASSES = {
 #: Marginal TARP RMSE at K = 40 three standard deviations above a calibrated posterior's: a
 #: looser bound than the joint one, because each class has four to nine marginals.
 FAST_MARGINAL_BOUND = 0.13
-#: Classes whose marginals are known to miss the bound, and why (tutorials/RESULTS.md, 2026-11-29,
-#: stops 43 and 44).  The joint RMSE hides it: the joint balls are dominated by the widest coordinate.
-KNOWN_MARGINAL_FAILURES = {
+#: Classes known to miss a bound, and why (tutorials/RESULTS.md, 2026-11-29, stops 43, 44 and 47).
+KNOWN_FAILURES = {
     "varying intercepts over public groups": (
         "the group mean, scale and offsets are over-confident (K = 200: 90 % intervals hold the "
         "truth 70-81 % of the time) and the slope w too wide (50 % intervals 82 %).  The cause is "
@@ -169,7 +168,10 @@ KNOWN_MARGINAL_FAILURES = {
         "1.0-1.3 on three simulated data sets) and q is far too narrow along the mean against a "
         "shift of every offset; the noise-aware mixture of q inherits both.  Written centred "
         "(the next class) the same model is within mean-field q's reach: at epsilon = 30 every "
-        "marginal is on the K = 100 floor (0.032-0.050)"
+        "marginal is on the K = 100 floor (0.032-0.050).  Until stop 47 the joint RMSE passed: "
+        "nearly singular draws of the curvature widened the whole posterior and hid part of q's "
+        "over-confidence; with the curvature's correlation kept well conditioned it shows jointly "
+        "too (K = 40: 0.122)"
     ),
 }
 
@@ -181,14 +183,15 @@ def test_the_noise_aware_posterior_is_calibrated_on_each_model_class(model_class
         build(), "noise-aware", 40, epsilon=1.0, covariates=covariates, random_seed=20261125,
         **FAST_CLASS_STUDY,
     )
-    assert float(study["rmse"].mean()) < FAST_BOUND
+    joint = float(study["rmse"].mean())
     marginals = study["marginal_rmse"].mean("repeat")
     largest = float(marginals.max())
-    if model_class in KNOWN_MARGINAL_FAILURES:
-        assert largest >= FAST_MARGINAL_BOUND, (
+    if model_class in KNOWN_FAILURES:
+        assert joint >= FAST_BOUND or largest >= FAST_MARGINAL_BOUND, (
             f"{model_class}: now calibrated, remove it from the known failures"
         )
-        pytest.xfail(KNOWN_MARGINAL_FAILURES[model_class])
+        pytest.xfail(KNOWN_FAILURES[model_class])
+    assert joint < FAST_BOUND
     assert largest < FAST_MARGINAL_BOUND, (
         f"{marginals.idxmax('parameter').item()}: marginal TARP RMSE {largest:.3f}"
     )

@@ -274,6 +274,48 @@ def test_the_lkj_prior_of_the_correlation_parameters_is_a_normalised_density(eta
     np.testing.assert_allclose(total, 1.0, rtol=1e-5)
 
 
+@pytest.mark.parametrize("eta", [1.5, 7.0, 40.0])
+def test_the_correlation_scales_are_the_lkj_priors_standard_deviations(eta):
+    """NUTS sees each correlation divided by its scale under LKJ(η) where η is learned: the
+    scales are the standard deviations of the canonical partial correlations z = tanh y that the
+    LKJ density itself gives (3 × 3, Gauss–Legendre in z as above)."""
+    from dpppl_na_dpvi.postprocess import _correlation_scales, _lkj_cholesky_logp
+
+    nodes, weights = np.polynomial.legendre.leggauss(60)
+    z = np.stack(np.meshgrid(nodes, nodes, nodes, indexing="ij"), -1).reshape(-1, 3)
+    w = np.prod(np.stack(np.meshgrid(weights, weights, weights, indexing="ij"), -1), -1).ravel()
+
+    def density(y):
+        chol, log_jac = correlation_cholesky(y, 3)
+        return jnp.exp(_lkj_cholesky_logp(chol, eta) + log_jac)
+
+    mass = np.asarray(jax.vmap(density)(jnp.arctanh(jnp.asarray(z)))) * w / np.prod(1 - z**2, 1)
+    variance = (mass[:, None] * z**2).sum(axis=0) / mass.sum()
+    np.testing.assert_allclose(np.sqrt(variance), _correlation_scales(eta, 3), rtol=1e-5)
+
+
+@pytest.mark.parametrize("lkj_eta", [None, 2.0], ids=["learned-eta", "fixed-eta"])
+def test_the_samplers_coordinates_are_a_change_of_variables_of_the_model(lkj_eta):
+    """Where η is learned NUTS samples the correlations non-centred: its coordinates map to the
+    model's parameters and back, and the log density it sees carries the map's exact
+    log-Jacobian.  With a fixed η they are the model's parameters."""
+    from dpppl_na_dpvi.postprocess import _from_sampler, _to_sampler
+
+    stats = correlated_stats(np.random.default_rng(7))
+    structure = ModelStructure(full_curvature=True, integrated_optimum=True, lkj_eta=lkj_eta,
+                               correlation_prior="released-likelihood")
+    base = initial_position(stats, structure)
+    position = base + 0.3 * jnp.asarray(np.random.default_rng(9).normal(size=base.shape))
+    params, log_jacobian = _from_sampler(position, stats, structure)
+    np.testing.assert_allclose(_to_sampler(params, stats, structure), position, rtol=1e-12)
+    jacobian = jax.jacfwd(lambda p: _from_sampler(p, stats, structure)[0])(position)
+    np.testing.assert_allclose(log_jacobian, np.linalg.slogdet(jacobian)[1], atol=1e-12)
+    if lkj_eta is None:
+        assert not np.allclose(params, position)
+    else:
+        np.testing.assert_array_equal(params, position)
+
+
 def test_the_correlation_factor_is_a_valid_cholesky_of_a_correlation_matrix():
     from dpppl_na_dpvi.postprocess import correlation_cholesky
 
