@@ -828,13 +828,18 @@ def _correlation_scales(eta: jax.Array, n: int) -> jax.Array:
     return 1 / jnp.sqrt(2 * eta + n - 1 - cols)
 
 
-def _sampler_correlations(stats: TraceStatistics, structure: ModelStructure) -> slice | None:
-    """Where y lies in NUTS's position when η is learned (None otherwise); ρ follows it."""
+def _sampler_scales(
+    vector: jax.Array, stats: TraceStatistics, structure: ModelStructure
+) -> tuple[slice, jax.Array] | None:
+    """Where y lies in NUTS's position when η is learned, and each y's LKJ(η) prior scale at the
+    η that ``vector`` (either parametrisation: ρ, which follows y, is shared) holds; None when η
+    is not learned."""
     if not _n_concentrations(stats, structure):
         return None
     d = stats.phi_bar.shape[0]
     start = d if structure.integrated_optimum else 2 * d
-    return slice(start, start + n_correlations(stats, structure.full_curvature))
+    ys = slice(start, start + n_correlations(stats, structure.full_curvature))
+    return ys, _correlation_scales(1 + jnp.exp(vector[ys.stop]), d // 2)
 
 
 def _from_sampler(
@@ -847,19 +852,19 @@ def _from_sampler(
     0, does not make the funnel that gave 13 of 100 fits of the 10-D regression at ε = 0.1
     divergent transitions with the dimension's hyperprior centre.
     """
-    ys = _sampler_correlations(stats, structure)
-    if ys is None:
+    scaled = _sampler_scales(position, stats, structure)
+    if scaled is None:
         return position, jnp.zeros(())
-    scale = _correlation_scales(1 + jnp.exp(position[ys.stop]), stats.phi_bar.shape[0] // 2)
+    ys, scale = scaled
     return position.at[ys].multiply(scale), jnp.sum(jnp.log(scale))
 
 
 def _to_sampler(params: jax.Array, stats: TraceStatistics, structure: ModelStructure) -> jax.Array:
     """The inverse of :func:`_from_sampler`."""
-    ys = _sampler_correlations(stats, structure)
-    if ys is None:
+    scaled = _sampler_scales(params, stats, structure)
+    if scaled is None:
         return params
-    scale = _correlation_scales(1 + jnp.exp(params[ys.stop]), stats.phi_bar.shape[0] // 2)
+    ys, scale = scaled
     return params.at[ys].divide(scale)
 
 
