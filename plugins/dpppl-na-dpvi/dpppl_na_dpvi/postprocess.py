@@ -502,18 +502,23 @@ def n_shape_parameters(stats: TraceStatistics, structure: ModelStructure) -> int
     return n_correlations(stats, structure.full_curvature) + _n_concentrations(stats, structure)
 
 
+def _layout(d: int, n_corr: int, n_rho: int = 0) -> tuple[slice, ...]:
+    """Where δ, v, y, ρ and ς lie in the flat parameter vector of the post-processing model."""
+    end = 2 * d + n_corr + n_rho
+    return (
+        slice(0, d),
+        slice(d, 2 * d),
+        slice(2 * d, 2 * d + n_corr),
+        slice(2 * d + n_corr, end),
+        slice(end, None),
+    )
+
+
 def unpack(params: jax.Array, d: int, n_corr: int, n_rho: int = 0) -> tuple[jax.Array, ...]:
     """(δ, v, y, ρ, ς) from the flat parameter vector of the post-processing model: y holds the
     ``n_corr`` correlations (none for a diagonal A), ρ the ``n_rho`` (0 or 1) log-concentration
     of a learned η.  Only the slices after y depend on ``n_rho``."""
-    end = 2 * d + n_corr + n_rho
-    return (
-        params[:d],
-        params[d : 2 * d],
-        params[2 * d : 2 * d + n_corr],
-        params[2 * d + n_corr : end],
-        params[end:],
-    )
+    return tuple(params[part] for part in _layout(d, n_corr, n_rho))
 
 
 def correlation_cholesky(y: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
@@ -834,12 +839,15 @@ def _sampler_scales(
     """Where y lies in NUTS's position when η is learned, and each y's LKJ(η) prior scale at the
     η that ``vector`` (either parametrisation: ρ, which follows y, is shared) holds; None when η
     is not learned."""
-    if not _n_concentrations(stats, structure):
+    n_rho = _n_concentrations(stats, structure)
+    if not n_rho:
         return None
     d = stats.phi_bar.shape[0]
-    start = d if structure.integrated_optimum else 2 * d
-    ys = slice(start, start + n_correlations(stats, structure.full_curvature))
-    return ys, _correlation_scales(1 + jnp.exp(vector[ys.stop]), d // 2)
+    _, _, y, rho, _ = _layout(d, n_correlations(stats, structure.full_curvature), n_rho)
+    # The sampler's vector leaves δ out where the optimum is integrated.
+    shift = d if structure.integrated_optimum else 0
+    ys = slice(y.start - shift, y.stop - shift)
+    return ys, _correlation_scales(1 + jnp.exp(vector[rho.start - shift]), d // 2)
 
 
 def _from_sampler(
