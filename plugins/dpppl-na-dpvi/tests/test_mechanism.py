@@ -251,6 +251,29 @@ def test_by_default_the_models_prior_bounds_the_optimum_where_the_curvature_is_d
     assert o.resolved_optimum_prior(n_params) == prior
 
 
+@pytest.mark.parametrize(
+    ("n_params", "options", "covariance"),
+    [
+        (1, {}, "mean-field"),  # one parameter: no correlation to correct
+        (5, {}, "linear-response"),  # the released full block
+        (57, {}, "mean-field"),  # UCI Adult's size: a diagonal A
+        (5, {"correlation_prior": "lkj"}, "mean-field"),  # nothing released
+        (5, {"posterior": "naive"}, "mean-field"),
+        (57, {"covariance": "linear-response"}, "linear-response"),
+    ],
+)
+def test_by_default_the_covariance_is_linear_response_where_the_curvature_is_released(
+    n_params, options, covariance
+):
+    o = get_mechanism("na-dpvi")(**options).options
+    assert o.resolved_covariance(n_params) == covariance
+
+
+def test_the_covariance_used_is_public_metadata():
+    result = sample(correlated_regression(), steps=1000)
+    assert json.loads(result.attrs["dp_mechanism_attrs"])["covariance"] == "linear-response"
+
+
 def test_where_the_trace_barely_locates_a_weight_its_posterior_stays_within_the_models_prior():
     """At ε = 0.1 on 500 records the trace alone leaves each weight wider than its N(0, 1)
     prior; with a diagonal curvature the default holds the optimum by that prior."""

@@ -16,12 +16,14 @@ from dpppl_na_dpvi import postprocess
 from dpppl_na_dpvi.postprocess import (
     ModelStructure,
     TraceStatistics,
+    _correlation_scales,
     correlation_cholesky,
     curvature_matrices,
     draw_optimum,
     initial_position,
     laplace_convergence,
     log_density,
+    partial_correlation_logp,
     partial_correlations,
     released_correlation_prior,
     released_fisher_correlations,
@@ -254,54 +256,87 @@ def test_a_full_curvature_locates_the_optimum_of_a_correlated_objective():
     assert diagonal_z.std(axis=0).max() > 1.2 * full_z.std(axis=0).max()
 
 
-@pytest.mark.parametrize("eta", [1.5, 3.0, 7.0])
-def test_the_lkj_prior_of_the_correlation_parameters_is_a_normalised_density(eta):
-    """η is a parameter of the post-processing model, so the LKJ density's normaliser must be
-    right: over the three partial correlations of a 3 × 3 matrix (Gauss–Legendre in z = tanh y)
-    the density of y integrates to 1."""
-    from dpppl_na_dpvi.postprocess import _lkj_cholesky_logp, lkj_log_normaliser
-
+def _gauss_legendre_3():
+    """Nodes z (n³, 3) and weights over the three partial correlations of a 3 × 3 matrix."""
     nodes, weights = np.polynomial.legendre.leggauss(60)
     z = np.stack(np.meshgrid(nodes, nodes, nodes, indexing="ij"), -1).reshape(-1, 3)
     w = np.prod(np.stack(np.meshgrid(weights, weights, weights, indexing="ij"), -1), -1).ravel()
+    return z, w
 
-    def density(y):
-        chol, log_jac = correlation_cholesky(y, 3)
-        return jnp.exp(_lkj_cholesky_logp(chol, eta) + log_jac - lkj_log_normaliser(eta, 3))
 
-    values = jax.vmap(density)(jnp.arctanh(jnp.asarray(z)))
-    total = float(jnp.sum(values * w / np.prod(1 - z**2, axis=1)))
-    np.testing.assert_allclose(total, 1.0, rtol=1e-5)
+def _lkj_density_through_cholesky(y, eta):
+    """LKJ(η) of R = LLᵀ as Lewandowski, Kurowicka & Joe (2009) write it, det(R)^(η − 1) over
+    its normaliser, in y through the Jacobian of :func:`correlation_cholesky`: the reference that
+    :func:`partial_correlation_logp` must reproduce one partial correlation at a time."""
+    n = 3
+    chol, log_jac = correlation_cholesky(y, n)
+    k = np.arange(1, n)
+    log_normaliser = (
+        0.5 * np.log(np.pi) * k.sum()
+        + jnp.sum(jax.scipy.special.gammaln(eta + 0.5 * (n - 1 - k)))
+        - (n - 1) * jax.scipy.special.gammaln(eta + 0.5 * (n - 1))
+    )
+    exponents = n - jnp.arange(2, n + 1) + 2 * eta - 2
+    log_det_part = jnp.sum(exponents * jnp.log(jnp.diagonal(chol)[1:]))
+    return jnp.exp(log_det_part + log_jac - log_normaliser)
+
+
+@pytest.mark.parametrize("eta", [1.5, 3.0, 7.0])
+def test_without_a_slab_the_correlation_prior_is_the_normalised_lkj_density(eta):
+    """η is a parameter of the post-processing model, so the prior's normaliser must be right:
+    with no slab the partial correlations' density is LKJ(η)'s, and it integrates to 1 over y
+    (Gauss–Legendre in z = tanh y)."""
+    z, w = _gauss_legendre_3()
+    y = jnp.arctanh(jnp.asarray(z))
+    ours = jnp.exp(jax.vmap(lambda v: partial_correlation_logp(v, 3, eta))(y))
+    np.testing.assert_allclose(ours, jax.vmap(lambda v: _lkj_density_through_cholesky(v, eta))(y),
+                               rtol=1e-9)
+    np.testing.assert_allclose(float(jnp.sum(ours * w / np.prod(1 - z**2, axis=1))), 1.0,
+                               rtol=1e-5)
+
+
+def test_the_slab_keeps_the_prior_normalised_and_only_widens_the_entries_it_is_given_to():
+    """Each observed partial correlation is LKJ's with probability 1 − π and uniform with
+    probability π: still a density, its variance (1 − π)·v_LKJ + π/3, the others untouched."""
+    eta, slab = 7.0, jnp.array([0.2, 0.0, 0.2])
+    z, w = _gauss_legendre_3()
+    y = jnp.arctanh(jnp.asarray(z))
+    mass = np.asarray(jnp.exp(jax.vmap(lambda v: partial_correlation_logp(v, 3, eta, slab))(y)))
+    mass = mass * w / np.prod(1 - z**2, axis=1)
+    np.testing.assert_allclose(mass.sum(), 1.0, rtol=1e-5)
+    lkj_variance = np.asarray(_correlation_scales(eta, 3)) ** 2
+    expected = (1 - np.asarray(slab)) * lkj_variance + np.asarray(slab) / 3
+    np.testing.assert_allclose((mass[:, None] * z**2).sum(axis=0), expected, rtol=1e-5)
 
 
 @pytest.mark.parametrize("eta", [1.5, 7.0, 40.0])
 def test_the_correlation_scales_are_the_lkj_priors_standard_deviations(eta):
-    """NUTS sees each correlation divided by its scale under LKJ(η) where η is learned: the
-    scales are the standard deviations of the canonical partial correlations z = tanh y that the
-    LKJ density itself gives (3 × 3, Gauss–Legendre in z as above)."""
-    from dpppl_na_dpvi.postprocess import _correlation_scales, _lkj_cholesky_logp
-
-    nodes, weights = np.polynomial.legendre.leggauss(60)
-    z = np.stack(np.meshgrid(nodes, nodes, nodes, indexing="ij"), -1).reshape(-1, 3)
-    w = np.prod(np.stack(np.meshgrid(weights, weights, weights, indexing="ij"), -1), -1).ravel()
-
-    def density(y):
-        chol, log_jac = correlation_cholesky(y, 3)
-        return jnp.exp(_lkj_cholesky_logp(chol, eta) + log_jac)
-
-    mass = np.asarray(jax.vmap(density)(jnp.arctanh(jnp.asarray(z)))) * w / np.prod(1 - z**2, 1)
+    """NUTS sees each correlation the release leaves to the prior divided by its scale under
+    LKJ(η) where η is learned: the scales are the standard deviations of the canonical partial
+    correlations z = tanh y that the LKJ density itself gives (3 × 3, Gauss–Legendre in z)."""
+    z, w = _gauss_legendre_3()
+    y = jnp.arctanh(jnp.asarray(z))
+    density = jax.vmap(lambda v: _lkj_density_through_cholesky(v, eta))(y)
+    mass = np.asarray(density) * w / np.prod(1 - z**2, 1)
     variance = (mass[:, None] * z**2).sum(axis=0) / mass.sum()
     np.testing.assert_allclose(np.sqrt(variance), _correlation_scales(eta, 3), rtol=1e-5)
 
 
-@pytest.mark.parametrize("lkj_eta", [None, 2.0], ids=["learned-eta", "fixed-eta"])
-def test_the_samplers_coordinates_are_a_change_of_variables_of_the_model(lkj_eta):
-    """Where η is learned NUTS samples the correlations non-centred: its coordinates map to the
-    model's parameters and back, and the log density it sees carries the map's exact
-    log-Jacobian.  With a fixed η they are the model's parameters."""
-    from dpppl_na_dpvi.postprocess import _from_sampler, _to_sampler
+@pytest.mark.parametrize(
+    ("lkj_eta", "observed"),
+    [(None, False), (None, True), (2.0, False)],
+    ids=["learned-eta", "learned-eta-observed", "fixed-eta"],
+)
+def test_the_samplers_coordinates_are_a_change_of_variables_of_the_model(lkj_eta, observed):
+    """Where η is learned NUTS samples the correlations that the release leaves to the prior
+    non-centred: its coordinates map to the model's parameters and back, and the log density it
+    sees carries the map's exact log-Jacobian.  A correlation the release observes, or any with
+    a fixed η, is the model's parameter."""
+    from dpppl_na_dpvi.postprocess import UNINFORMATIVE_DEVIATION, _from_sampler, _to_sampler
 
     stats = correlated_stats(np.random.default_rng(7))
+    if not observed:
+        stats = stats._replace(fisher_correlation_std=jnp.full(1, UNINFORMATIVE_DEVIATION))
     structure = ModelStructure(full_curvature=True, integrated_optimum=True, lkj_eta=lkj_eta,
                                correlation_prior="released-likelihood")
     base = initial_position(stats, structure)
@@ -310,7 +345,7 @@ def test_the_samplers_coordinates_are_a_change_of_variables_of_the_model(lkj_eta
     np.testing.assert_allclose(_to_sampler(params, stats, structure), position, rtol=1e-12)
     jacobian = jax.jacfwd(lambda p: _from_sampler(p, stats, structure)[0])(position)
     np.testing.assert_allclose(log_jacobian, np.linalg.slogdet(jacobian)[1], atol=1e-12)
-    if lkj_eta is None:
+    if lkj_eta is None and not observed:
         assert not np.allclose(params, position)
     else:
         np.testing.assert_array_equal(params, position)
