@@ -268,8 +268,9 @@ class NADPVI(Mechanism):
         optimum gave a joint TARP RMSE of 0.094, N(μ_opt, A_μ⁻¹) 0.033, the exact posterior
         0.034.  Beside the release it calibrates what mean-field q cannot: the demo's
         intercept and w[male], correlated about −0.8, whose 90 % intervals held the truth 78–80 %
-        of the time with mean-field q (69 % even without privacy noise) and 86–87 % with the
-        linear-response covariance (TARP, K = 200, ε = 1, ``tutorials/RESULTS.md``, stop 49).
+        of the time with mean-field q (69 % even without privacy noise), 81–82 % with the
+        linear-response covariance under LKJ(η) alone and 86–87 % beside the correlations'
+        spike-and-slab prior (TARP, K = 200, ε = 1, ``tutorials/RESULTS.md``, stop 49).
         It needs the noise-aware posterior (the naive one has no A) and is exact only with a
         full μ-block of A (``curvature``).
     noise
