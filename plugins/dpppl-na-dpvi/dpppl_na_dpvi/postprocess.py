@@ -658,20 +658,16 @@ def _noise_and_prior(
             ((y - stats.correlation_centre) / stats.correlation_width) ** 2
         )
     elif n_corr:
-        chol, _ = correlation_cholesky(y, n)
-        slab = _slab_weights(stats, structure)
         if structure.lkj_eta is None:
             eta = 1 + jnp.exp(rho[0])
             centre = _log_concentration_centre(n)
-            log_prior = (
-                log_prior
-                + partial_correlation_logp(y, n, eta, slab)
-                - 0.5 * ((rho[0] - centre) / LKJ_CONCENTRATION_WIDTH) ** 2
-            )
+            log_prior = log_prior - 0.5 * ((rho[0] - centre) / LKJ_CONCENTRATION_WIDTH) ** 2
         else:
-            log_prior = log_prior + partial_correlation_logp(y, n, structure.lkj_eta, slab)
+            eta = structure.lkj_eta
+        log_prior = log_prior + partial_correlation_logp(y, n, eta, _slab_weights(stats, structure))
         if structure.correlation_prior == "released-likelihood":
-            log_prior = log_prior + _released_likelihood(chol, stats)
+            # Only the released likelihood reads R itself; the prior reads y directly.
+            log_prior = log_prior + _released_likelihood(correlation_cholesky(y, n)[0], stats)
     if sub.shape[0]:
         variance = variance + sub**2
         log_prior = log_prior - 0.5 * jnp.sum((sub / stats.subsampling_scale) ** 2)
