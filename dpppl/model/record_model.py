@@ -171,11 +171,13 @@ class CompiledRecordModel:
         term_names: tuple[str, ...],
         constrained_names: tuple[str, ...],
         initial_theta: np.ndarray,
+        record_parameters: np.ndarray,
         terms_fn: Callable,
         logprior_fn: Callable,
         constrain_fn: Callable,
     ):
         self.parameters = parameters
+        self.record_parameters = record_parameters
         self.records = records
         self.term_names = term_names
         self.constrained_names = list(constrained_names)
@@ -326,6 +328,7 @@ class RecordModel:
             )
         constrained_names = tuple(self._constrained_names())
         terms = self._record_terms()
+        record_parameters = _record_parameters(model, parameters, terms)
         logprior = model.logp(
             vars=model.free_RVs + list(structure.prior_potentials), jacobian=True
         )
@@ -353,6 +356,7 @@ class RecordModel:
                 term_names=term_names,
                 constrained_names=constrained_names,
                 initial_theta=initial_theta,
+                record_parameters=record_parameters,
                 # One function per term, so that the probe can check each term's record axis.
                 terms_fn=jaxify(inputs, terms),
                 logprior_fn=jaxify(model.value_vars, [logprior]),
@@ -513,6 +517,15 @@ class RecordModel:
         """Dimension of the unconstrained parameter vector θ."""
         return self.parameters.size
 
+    @property
+    def record_parameters(self) -> np.ndarray:
+        """Which coordinates of θ the records' log-likelihood reads (bool, shape (n,)), by
+        free variable: False for a variable that only the prior reads, such as the mean and
+        scale of a centred hierarchy's group effects.  The records carry no information about
+        such a coordinate beyond what they say about the others, so given those its posterior
+        is its prior conditional, which a mechanism may draw exactly."""
+        return self.compiled.record_parameters.copy()
+
     def initial_point(self) -> np.ndarray:
         """PyMC's initial point of the model, as a flat unconstrained θ."""
         return self.compiled.initial_theta.copy()
@@ -648,7 +661,7 @@ class RecordModel:
         (the paper's eq. A57 writes the Jacobian term without its logarithm; it is the log).
         """
         loglik = jax.vmap(self.loglik, in_axes=(0, None))(self._mc_draws(phi, eps), batch)
-        return -jnp.mean(loglik, axis=0) + self._entropy_and_prior(phi, eps) / n_records
+        return -jnp.mean(loglik, axis=0) + self.entropy_and_prior(phi, eps) / n_records
 
     def elbo_loss_grads(
         self, phi: jax.Array, batch: Batch, eps: jax.Array, n_records: int | jax.Array
@@ -674,15 +687,16 @@ class RecordModel:
         rows = jnp.concatenate(
             [jnp.sum(scores, axis=0), jnp.sum(scores * eps[:, None, :], axis=0) * slope], axis=1
         )
-        return rows + jax.grad(self._entropy_and_prior)(phi, eps) / n_records
+        return rows + jax.grad(self.entropy_and_prior)(phi, eps) / n_records
 
     def _mc_draws(self, phi: jax.Array, eps: jax.Array) -> jax.Array:
         """θ_m = μ + sd ⊙ ε_m for the rows ε_m of ``eps``, shape (M, n)."""
         mu, sd = self.variational_split(phi)
         return mu + sd * eps
 
-    def _entropy_and_prior(self, phi: jax.Array, eps: jax.Array) -> jax.Array:
-        """1/M Σ_m [log q(θ_m; φ) − log p(θ_m)]: the part of the ELBO that reads no record."""
+    def entropy_and_prior(self, phi: jax.Array, eps: jax.Array) -> jax.Array:
+        """1/M Σ_m [log q(θ_m; φ) − log p(θ_m)] over the draws θ_m = μ + sd ⊙ ε_m of the rows of
+        ``eps`` (M, n): the part of the negative ELBO that reads no record, public given φ."""
         mu, sd = self.variational_split(phi)
         thetas = self._mc_draws(phi, eps)
         logq = jnp.sum(jax.scipy.stats.norm.logpdf(thetas, mu, sd), axis=-1)
@@ -708,6 +722,17 @@ class RecordModel:
         if key not in cache:
             cache[key] = factory()
         return cache[key]
+
+
+def _record_parameters(
+    model: pm.Model, parameters: ParameterSpace, terms: list[pt.TensorVariable]
+) -> np.ndarray:
+    """The coordinates of θ whose value variable the per-record terms' graph reads."""
+    read = set(ancestors(terms))
+    mask = np.zeros(parameters.size, dtype=bool)
+    for block, rv in zip(parameters.blocks, model.free_RVs, strict=True):
+        mask[block.start : block.stop] = model.rvs_to_values[rv] in read
+    return mask
 
 
 def _probe_record_axis(compiled: CompiledRecordModel, n_records: int) -> None:

@@ -238,6 +238,41 @@ def test_deterministics_that_read_data_stay_out_of_the_posterior():
     assert compiled.constrained_names == ["a", "b", "ab"]
 
 
+def _group_model(centred: bool) -> pm.Model:
+    rng = np.random.default_rng(0)
+    group = rng.integers(0, 3, 60)
+    with pm.Model(coords={"group": range(3)}) as model:
+        mu_a = pm.Normal("mu_a")
+        tau = pm.HalfNormal("tau")
+        if centred:
+            a = pm.Normal("a", mu_a, tau, dims="group")
+        else:
+            a = mu_a + tau * pm.Normal("z", dims="group")
+        w = pm.Normal("w")
+        pm.Normal("y", a[group] + w, 1.0, observed=rng.normal(size=60))
+    return model
+
+
+def test_the_parameters_only_the_prior_reads_are_not_record_parameters():
+    compiled = record_model(_group_model(centred=True))
+    read = dict(zip(compiled.parameters.labels(), compiled.record_parameters, strict=True))
+    assert read == {
+        "mu_a": False, "tau_log__": False, "a[0]": True, "a[1]": True, "a[2]": True, "w": True
+    }
+
+
+def test_the_records_gradient_is_zero_in_the_parameters_they_do_not_read():
+    compiled = record_model(_group_model(centred=True))
+    batch = {k: jnp.asarray(v) for k, v in compiled.data().items()}
+    scores = per_example_grad(compiled.loglik)(_theta(compiled.model, seed=1), batch)
+    assert np.all(np.asarray(scores)[:, ~compiled.record_parameters] == 0)
+    assert np.all(np.abs(np.asarray(scores)[:, compiled.record_parameters]).sum(axis=0) > 0)
+
+
+def test_non_centred_group_effects_are_all_read_by_the_records():
+    assert record_model(_group_model(centred=False)).record_parameters.all()
+
+
 @pytest.mark.parametrize("observed_as", ["numpy", "data"])
 def test_numpy_and_pm_data_observations_give_the_same_loglik(observed_as):
     rng = np.random.default_rng(2)
