@@ -73,9 +73,9 @@ Departures from the paper, where it is ambiguous or where measurement showed it 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 import blackjax
 import jax
@@ -658,30 +658,58 @@ def _noise_and_prior(
             ((y - stats.correlation_centre) / stats.correlation_width) ** 2
         )
     elif n_corr:
-        if structure.lkj_eta is None:
-            eta = 1 + jnp.exp(rho[0])
-            centre = _log_concentration_centre(n)
-            log_prior = log_prior - 0.5 * ((rho[0] - centre) / LKJ_CONCENTRATION_WIDTH) ** 2
-        else:
-            eta = structure.lkj_eta
-        log_prior = log_prior + partial_correlation_logp(y, n, eta, _slab_weights(stats, structure))
-        if structure.correlation_prior == "released-likelihood":
-            # Only the released likelihood reads R itself; the prior reads y directly.
-            log_prior = log_prior + _released_likelihood(correlation_cholesky(y, n)[0], stats)
+        released = structure.correlation_prior == "released-likelihood"
+        log_prior = log_prior + correlation_logp(
+            y,
+            rho,
+            n,
+            structure.lkj_eta,
+            (stats.fisher_correlation, stats.fisher_correlation_std) if released else None,
+            _slab_weights(stats, structure),
+        )
     if sub.shape[0]:
         variance = variance + sub**2
         log_prior = log_prior - 0.5 * jnp.sum((sub / stats.subsampling_scale) ** 2)
     return variance, log_prior
 
 
-def _released_likelihood(chol: jax.Array, stats: TraceStatistics) -> jax.Array:
-    """log density of the released Fisher correlations given the correlation R = chol cholᵀ
-    of the records' share of the μ-block (:func:`curvature_blocks`): they observe it entry by
-    entry, each with its own standard deviation."""
+def correlation_logp(
+    y: jax.Array,
+    rho: jax.Array,
+    n: int,
+    lkj_eta: float | None,
+    released: tuple[jax.Array, jax.Array] | None = None,
+    slab: jax.Array | float = 0.0,
+) -> jax.Array:
+    """log prior density of the correlation parameters y of an n × n correlation R
+    (:func:`correlation_cholesky`) and, when η is learned (``lkj_eta`` None), of its
+    log-concentration ρ = log(η − 1) under the hyperprior of :func:`lkj_concentration_centre`;
+    with ``released`` (the released Fisher correlations and their standard deviations, from
+    :func:`released_fisher_correlations`), also their likelihood given R.  ``slab`` is each
+    canonical partial correlation's weight of the uniform alternative to LKJ(η)'s
+    (:func:`partial_correlation_logp`)."""
+    log_prior = jnp.zeros(())
+    if lkj_eta is None:
+        eta = 1 + jnp.exp(rho[0])
+        centre = _log_concentration_centre(n)
+        log_prior = log_prior - 0.5 * ((rho[0] - centre) / LKJ_CONCENTRATION_WIDTH) ** 2
+    else:
+        eta = lkj_eta
+    log_prior = log_prior + partial_correlation_logp(y, n, eta, slab)
+    if released is not None:
+        # Only the released likelihood reads R itself; the prior reads y directly.
+        log_prior = log_prior + _released_likelihood(correlation_cholesky(y, n)[0], *released)
+    return log_prior
+
+
+def _released_likelihood(
+    chol: jax.Array, correlation: jax.Array, std: jax.Array
+) -> jax.Array:
+    """log density of the released Fisher ``correlation`` (row by row below the diagonal, each
+    with its standard deviation ``std``) given the correlation R = chol cholᵀ of the records'
+    share of the μ-block (:func:`curvature_blocks`): they observe it entry by entry."""
     rows, cols = np.tril_indices(chol.shape[0], -1)
-    residual = (stats.fisher_correlation - (chol @ chol.T)[rows, cols]) / (
-        stats.fisher_correlation_std
-    )
+    residual = (correlation - (chol @ chol.T)[rows, cols]) / std
     return -0.5 * jnp.sum(residual**2)
 
 
@@ -850,7 +878,7 @@ def curvature_matrices(
     return a
 
 
-def _correlation_scales(eta: jax.Array, n: int) -> jax.Array:
+def correlation_scales(eta: jax.Array, n: int) -> jax.Array:
     """Prior standard deviation of each canonical partial correlation of an n × n LKJ(η)
     correlation (row by row below the diagonal): the one in column j has density ∝ (1 − z²)^(b − 1)
     with b = η + (n − 2 − j)/2 (Lewandowski, Kurowicka & Joe, 2009), variance 1/(2η + n − 1 − j)."""
@@ -872,7 +900,7 @@ def _sampler_scales(
     # The sampler's vector leaves δ out where the optimum is integrated.
     shift = d if structure.integrated_optimum else 0
     ys = slice(y.start - shift, y.stop - shift)
-    scales = _correlation_scales(1 + jnp.exp(vector[rho.start - shift]), d // 2)
+    scales = correlation_scales(1 + jnp.exp(vector[rho.start - shift]), d // 2)
     # A correlation the release observes is held by it, not by η: it stays centred.
     return ys, jnp.where(jnp.asarray(_slab_weights(stats, structure)) > 0, 1.0, scales)
 
@@ -883,7 +911,7 @@ def _from_sampler(
     """The post-processing model's parameters from NUTS's position, and log|Jacobian|.
 
     Where η is learned, NUTS sees each correlation y divided by its LKJ(η) prior scale
-    (:func:`_correlation_scales`): non-centred, so that a large η, which squeezes every y towards
+    (:func:`correlation_scales`): non-centred, so that a large η, which squeezes every y towards
     0, does not make the funnel that gave 13 of 100 fits of the 10-D regression at ε = 0.1
     divergent transitions with the dimension's hyperprior centre.
     """
@@ -903,24 +931,58 @@ def _to_sampler(params: jax.Array, stats: TraceStatistics, structure: ModelStruc
     return params.at[ys].divide(scale)
 
 
-def _nuts_sampler(tune: int, draws: int, chains: int, structure: ModelStructure, replicates: bool):
+class SamplerTarget(Protocol):
+    """A post-processing model as :func:`run_nuts` samples it, for one fit's statistics."""
+
+    #: NUTS's target acceptance rate.
+    target_accept: float
+
+    def logdensity(self, position: jax.Array, stats: Any) -> jax.Array:
+        """log density at NUTS's position (up to a constant)."""
+
+    def initial(self, stats: Any) -> jax.Array:
+        """Where NUTS starts."""
+
+    def finish(self, positions: jax.Array, stats: Any, key: jax.Array) -> jax.Array:
+        """What the draws keep, from NUTS's positions (draws, p) of one chain."""
+
+
+@dataclass(frozen=True)
+class _OptimumTarget:
+    """The model of the trace above, sampled with δ integrated out where the structure says so
+    and the correlations non-centred where η is learned (:func:`_from_sampler`)."""
+
+    structure: ModelStructure
+
+    @property
+    def target_accept(self) -> float:
+        return TARGET_ACCEPT[self.structure.full_curvature]
+
+    def logdensity(self, position: jax.Array, stats: TraceStatistics) -> jax.Array:
+        params, log_jacobian = _from_sampler(position, stats, self.structure)
+        return log_density(params, stats, self.structure) + log_jacobian
+
+    def initial(self, stats: TraceStatistics) -> jax.Array:
+        return _to_sampler(initial_position(stats, self.structure), stats, self.structure)
+
+    def finish(self, positions: jax.Array, stats: TraceStatistics, key: jax.Array) -> jax.Array:
+        positions = jax.vmap(lambda p: _from_sampler(p, stats, self.structure)[0])(positions)
+        return _with_optimum(positions, stats, self.structure, key)
+
+
+def _nuts_program(target: SamplerTarget, tune: int, draws: int, chains: int, replicates: bool):
     def one_chain(key, stats):
         def logdensity(position):
-            params, log_jacobian = _from_sampler(position, stats, structure)
-            return log_density(params, stats, structure) + log_jacobian
+            return target.logdensity(position, stats)
 
         key_warmup, key_sample = jax.random.split(key)
         warmup = blackjax.window_adaptation(
             blackjax.nuts,
             logdensity,
-            target_acceptance_rate=TARGET_ACCEPT[structure.full_curvature],
+            target_acceptance_rate=target.target_accept,
             adaptation_info_fn=blackjax.adaptation.base.get_filter_adapt_info_fn(),
         )
-        (state, parameters), _ = warmup.run(
-            key_warmup,
-            _to_sampler(initial_position(stats, structure), stats, structure),
-            num_steps=tune,
-        )
+        (state, parameters), _ = warmup.run(key_warmup, target.initial(stats), num_steps=tune)
         kernel = blackjax.nuts(logdensity, **parameters).step
 
         def step(state, key):
@@ -936,14 +998,45 @@ def _nuts_sampler(tune: int, draws: int, chains: int, structure: ModelStructure,
             return state, (state.position, stats_out)
 
         _, (positions, info) = jax.lax.scan(step, state, jax.random.split(key_sample, draws))
-        positions = jax.vmap(lambda p: _from_sampler(p, stats, structure)[0])(positions)
-        return _with_optimum(positions, stats, structure, jax.random.fold_in(key, 1)), info
+        return target.finish(positions, stats, jax.random.fold_in(key, 1)), info
 
     def run(key, stats):
         return jax.vmap(one_chain, in_axes=(0, None))(jax.random.split(key, chains), stats)
 
     # Replicates each adapt their own step size and mass matrix: vmap maps the whole run.
     return jax.jit(jax.vmap(run) if replicates else run)
+
+
+def run_nuts(
+    target: SamplerTarget,
+    stats: Sequence[Any],
+    keys: Sequence[jax.Array],
+    *,
+    tune: int,
+    draws: int,
+    chains: int,
+    cache,
+    cache_key: Hashable,
+    replicates: bool = False,
+) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """NUTS (blackjax, window adaptation) on ``target`` for each fit's statistics: the kept
+    draws (chain, draw, ...) and the sampler's statistics of each fit.
+
+    One fit (``replicates=False``) runs on its own compiled sampler; with ``replicates`` the
+    fits run as one vmapped program, each chain adapting on its own.  ``cache(key, factory)``
+    stores the compiled sampler under ``cache_key`` (e.g. ``RecordModel.cached``), which must
+    name everything the program depends on but the statistics.
+    """
+    run = cache(cache_key, lambda: _nuts_program(target, tune, draws, chains, replicates))
+    if not replicates:
+        [one], [key] = stats, keys
+        positions, info = run(key, one)
+        return [(np.asarray(positions), {k: np.asarray(v) for k, v in info.items()})]
+    positions, info = run(jnp.stack(keys), stack_statistics(list(stats)))
+    return [
+        (np.asarray(positions[r]), {k: np.asarray(v[r]) for k, v in info.items()})
+        for r in range(len(stats))
+    ]
 
 
 def _to_draws(
@@ -984,7 +1077,8 @@ def _concentration(
     return np.full(positions.shape[:-1], structure.lkj_eta)
 
 
-def _stack(stats: list[TraceStatistics]) -> TraceStatistics:
+def stack_statistics(stats: list[Any]) -> Any:
+    """The statistics of several fits as one pytree with a leading replicate axis."""
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *stats)
 
 
@@ -999,25 +1093,23 @@ def sample_nuts(
     cache,
     replicates: bool = False,
 ) -> list[PostProcessingDraws]:
-    """NUTS (blackjax, window adaptation) on the post-processing model of each trace.
-
-    One trace (``replicates=False``) runs on its own compiled sampler; with ``replicates`` the
-    traces of independent fits run as one vmapped program, each chain adapting on its own.
-    ``cache(key, factory)`` stores the compiled sampler (e.g. ``RecordModel.cached``), so fits of
-    the same sizes reuse it.
-    """
-    run = cache(
-        ("na-dpvi", "nuts", stats[0].phi_bar.shape[0], tune, draws, chains, structure, replicates),
-        lambda: _nuts_sampler(tune, draws, chains, structure, replicates),
+    """NUTS on the post-processing model of each trace (:func:`run_nuts`), so fits of the same
+    sizes reuse the compiled sampler."""
+    d = stats[0].phi_bar.shape[0]
+    runs = run_nuts(
+        _OptimumTarget(structure),
+        stats,
+        keys,
+        tune=tune,
+        draws=draws,
+        chains=chains,
+        cache=cache,
+        cache_key=("na-dpvi", "nuts", d, tune, draws, chains, structure, replicates),
+        replicates=replicates,
     )
-    if not replicates:
-        [one], [key] = stats, keys
-        positions, info = run(key, one)
-        return [_to_draws(positions, one, structure, info)]
-    positions, info = run(jnp.stack(keys), _stack(stats))
     return [
-        _to_draws(positions[r], one, structure, {k: v[r] for k, v in info.items()})
-        for r, one in enumerate(stats)
+        _to_draws(positions, one, structure, info)
+        for (positions, info), one in zip(runs, stats, strict=True)
     ]
 
 
@@ -1112,7 +1204,7 @@ def sample_laplace(
         lambda: _laplace_fit(structure, replicates),
     )
     if replicates:
-        modes, scales, decrements, curvatures = fit(_stack(stats))
+        modes, scales, decrements, curvatures = fit(stack_statistics(stats))
     else:
         modes, scales, decrements, curvatures = (x[None] for x in fit(stats[0]))
     results = []

@@ -16,8 +16,8 @@ from dpppl_na_dpvi import postprocess
 from dpppl_na_dpvi.postprocess import (
     ModelStructure,
     TraceStatistics,
-    _correlation_scales,
     correlation_cholesky,
+    correlation_scales,
     curvature_matrices,
     draw_optimum,
     initial_position,
@@ -304,7 +304,7 @@ def test_the_slab_keeps_the_prior_normalised_and_only_widens_the_entries_it_is_g
     mass = np.asarray(jnp.exp(jax.vmap(lambda v: partial_correlation_logp(v, 3, eta, slab))(y)))
     mass = mass * w / np.prod(1 - z**2, axis=1)
     np.testing.assert_allclose(mass.sum(), 1.0, rtol=1e-5)
-    lkj_variance = np.asarray(_correlation_scales(eta, 3)) ** 2
+    lkj_variance = np.asarray(correlation_scales(eta, 3)) ** 2
     expected = (1 - np.asarray(slab)) * lkj_variance + np.asarray(slab) / 3
     np.testing.assert_allclose((mass[:, None] * z**2).sum(axis=0), expected, rtol=1e-5)
 
@@ -319,7 +319,7 @@ def test_the_correlation_scales_are_the_lkj_priors_standard_deviations(eta):
     density = jax.vmap(lambda v: _lkj_density_through_cholesky(v, eta))(y)
     mass = np.asarray(density) * w / np.prod(1 - z**2, 1)
     variance = (mass[:, None] * z**2).sum(axis=0) / mass.sum()
-    np.testing.assert_allclose(np.sqrt(variance), _correlation_scales(eta, 3), rtol=1e-5)
+    np.testing.assert_allclose(np.sqrt(variance), correlation_scales(eta, 3), rtol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -478,7 +478,9 @@ class TestTheReleasedCorrelationLikelihood:
 
         def released_term(y):
             chol, _ = correlation_cholesky(jnp.asarray(y), n)
-            return postprocess._released_likelihood(chol, stats)
+            return postprocess._released_likelihood(
+                chol, stats.fisher_correlation, stats.fisher_correlation_std
+            )
 
         assert float(released_term(truth)) == pytest.approx(0.0, abs=1e-9)
         assert float(released_term(np.zeros_like(truth))) < -1.0
