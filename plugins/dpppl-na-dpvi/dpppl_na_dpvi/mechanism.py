@@ -23,6 +23,7 @@ from dpppl.plugin import (
     InvalidOptionError,
     InvalidPrivacyParameterError,
     Mechanism,
+    ModelNotSupportedError,
     NeighbourRelation,
     PoissonSampler,
     PrivacyEvent,
@@ -48,6 +49,12 @@ from dpppl_na_dpvi.dpsgd import (
     run_dpsgd_replicates,
 )
 from dpppl_na_dpvi.heuristics import StandardisedSchedule, default_clipping_bound
+from dpppl_na_dpvi.likelihood import (
+    LikelihoodDraws,
+    LikelihoodStatistics,
+    LikelihoodStructure,
+    sample_likelihood,
+)
 from dpppl_na_dpvi.postprocess import (
     MAX_FULL_CURVATURE,
     ModelStructure,
@@ -289,6 +296,21 @@ class NADPVI(Mechanism):
         doubles, so about twice the noise is needed for the same ε.  Accounted by ``pld`` only
         (Poisson subsampling under replace-one, with per-record contributions in the ball of
         radius C).
+    postprocessing
+        How the release is read.  ``"optimum"`` (the paper's): the posterior of the ELBO's
+        optimum φ* from the trace (:mod:`dpppl_na_dpvi.postprocess`), θ drawn from q(θ; φ*) or
+        N(μ*, A_μ⁻¹) (``covariance``).  ``"likelihood"``: the release read as a noisy
+        observation of the records' log-likelihood, −½(θ − θ̂)ᵀF(θ − θ̂) in the parameters the
+        records read, with the part of each gradient that reads no record (public) taken off,
+        and θ drawn by NUTS under the model's own prior (:mod:`dpppl_na_dpvi.likelihood`): a
+        hierarchy's group mean and scale, which no record reads, by their prior given the group
+        effects, and nothing wider than the prior where the privacy noise leaves θ unlocated.
+        ``"auto"`` (default): ``"likelihood"`` where the curvature is released
+        (``correlation_prior``) and ``inference="nuts"``, ``"optimum"`` elsewhere; the choice is
+        published as ``postprocessing``.  The likelihood model reads no option of the optimum
+        model (``optimum``, ``optimum_prior``, ``covariance``, ``curvature_prior``,
+        ``anchored``, ``subsampling_noise``) and needs NUTS.  Measured in
+        ``tutorials/RESULTS.md`` (stop 50).
     """
 
     name = "na-dpvi"
@@ -325,6 +347,7 @@ class NADPVI(Mechanism):
         )
         noise: Literal["snapped", "float"] = "snapped"
         relation: Literal["add_or_remove_one", "replace_one"] = "add_or_remove_one"
+        postprocessing: Literal["auto", "optimum", "likelihood"] = "auto"
 
         def __post_init__(self) -> None:
             if int(self.steps * (1 - self.burn_in)) < 10:
@@ -344,12 +367,47 @@ class NADPVI(Mechanism):
                     "na-dpvi's lkj_eta sets the LKJ prior of correlation_prior='lkj' and "
                     "'released-likelihood'; correlation_prior='released' does not read it"
                 )
+            named = self._optimum_only_options()
+            if self.postprocessing == "likelihood" and named:
+                raise InvalidOptionError(
+                    f"na-dpvi's postprocessing='likelihood' draws θ under the model's prior with "
+                    f"NUTS and has no use for the option(s) {', '.join(named)} as given; leave "
+                    f"them at their defaults or use postprocessing='optimum'"
+                )
             if self.covariance == "linear-response" and self.posterior == "naive":
                 raise InvalidOptionError(
                     "na-dpvi's covariance='linear-response' reads the curvature of the "
                     "noise-aware posterior; use posterior='noise-aware' or "
                     "covariance='mean-field'"
                 )
+
+        def _optimum_only_options(self) -> list[str]:
+            """The options given away from their defaults that only the optimum model reads."""
+            unused = {
+                "posterior": self.posterior != "noise-aware",
+                "inference": self.inference != "nuts",
+                "anchored": self.anchored > 0,
+                "subsampling_noise": self.subsampling_noise,
+                "optimum": self.optimum != "integrated",
+                "optimum_prior": self.optimum_prior != "auto",
+                "covariance": self.covariance != "auto",
+                "curvature_prior": self.curvature_prior != "structural",
+                "correlation_prior": self.correlation_prior == "released",
+            }
+            return [name for name, set_ in unused.items() if set_]
+
+        def resolved_postprocessing(self, n_params: int, reads_records: bool = True) -> str:
+            """How the release is read: with ``"auto"`` by the likelihood model where the
+            curvature is released, NUTS runs and no option of the optimum model is set, and by
+            the optimum model elsewhere (or where no parameter is ``reads_records``)."""
+            if self.postprocessing != "auto":
+                return self.postprocessing
+            likely = (
+                self.releases_curvature(n_params)
+                and reads_records
+                and not self._optimum_only_options()
+            )
+            return "likelihood" if likely else "optimum"
 
         @property
         def burn_in_steps(self) -> int:
@@ -430,6 +488,12 @@ class NADPVI(Mechanism):
         mechanism.
         """
         self._n_params = model.n_params
+        if self.options.postprocessing == "likelihood" and not model.record_parameters.any():
+            raise ModelNotSupportedError(
+                "no parameter of the model is read by its records' log-likelihood, so "
+                "na-dpvi's postprocessing='likelihood' has nothing to learn from them; give the "
+                "likelihood a parameter"
+            )
         rows = model.possible_records(limit=MAX_COUNTED_RECORDS)
         self._n_possible = None if rows is None else len(next(iter(rows.values())))
 
@@ -670,8 +734,9 @@ class NADPVI(Mechanism):
             anchored_steps=o.anchored_steps,
             curvature=o.releases_curvature(model.n_params),
         )
+        read = self._read_coordinates(model)
         starts = [
-            self._settled_step(trace, schedule)
+            self._settled_step(trace, schedule, read)
             for trace, schedule in zip(traces, schedules, strict=True)
         ]
         if o.posterior == "naive":
@@ -687,18 +752,35 @@ class NADPVI(Mechanism):
             )
         ]
 
-    def _settled_step(self, trace: Trace, schedule: StandardisedSchedule) -> int:
+    def _postprocessing(self, model: RecordModel) -> str:
+        """How this model's release is read (:meth:`Options.resolved_postprocessing`)."""
+        reads_records = bool(model.record_parameters.any())
+        return self.options.resolved_postprocessing(model.n_params, reads_records)
+
+    def _read_coordinates(self, model: RecordModel) -> np.ndarray:
+        """The coordinates of φ whose trace the noise-aware posterior reads: all of them, or for
+        the likelihood model those of the parameters the records read (the records' gradients
+        do not depend on the others, whose posterior given the rest is their prior's)."""
+        if self._postprocessing(model) != "likelihood":
+            return np.arange(2 * model.n_params)
+        records = model.record_parameters
+        return np.flatnonzero(np.concatenate([records, records]))
+
+    def _settled_step(
+        self, trace: Trace, schedule: StandardisedSchedule, read: np.ndarray
+    ) -> int:
         """The first step the noise-aware posterior reads: the burn-in's end, or later where the
-        free steps still drift (the choice the schedule's anchor made)."""
+        free steps of the coordinates it reads still drift (the choice the schedule's anchor
+        made)."""
         o = self.options
-        free = trace.phi[o.burn_in_steps : o.steps - o.anchored_steps]
+        free = trace.phi[o.burn_in_steps : o.steps - o.anchored_steps, read]
         return o.burn_in_steps + schedule.settled_start(free)
 
     def _release(
         self,
         model: RecordModel,
         trace: Trace,
-        post: PostProcessingDraws | None,
+        post: PostProcessingDraws | LikelihoodDraws | None,
         schedule: StandardisedSchedule,
         settled_step: int,
         key: jax.Array,
@@ -712,10 +794,23 @@ class NADPVI(Mechanism):
             "dpvi_trace": _trace_dataset(model, trace, scores, schedule.last.clipping_bound)
         }
         read_steps = len(moving) - 1 - settled_step
+        read = self._read_coordinates(model)
         drifting = drift_warning(
-            scores, _vi_labels(model), schedule.bounded_relaxations(read_steps)
+            scores[read],
+            [_vi_labels(model)[i] for i in read],
+            schedule.bounded_relaxations(read_steps),
         )
         messages = [] if drifting is None else [drifting]
+        if isinstance(post, LikelihoodDraws):
+            groups.update(_likelihood_groups(model, post))
+            messages += _divergence_warning(post.sample_stats, "more tune steps")
+            attrs = {
+                **schedule.public(),
+                "anchored_steps": o.anchored_steps,
+                "settled_step": settled_step,
+                "postprocessing": "likelihood",
+            }
+            return Release(draws=post.theta, groups=groups, attrs=attrs, warnings=messages)
         if post is None:
             phi_star = trace.phi[-1][None, None, :].repeat(o.chains, 0).repeat(o.draws, 1)
         else:
@@ -724,13 +819,9 @@ class NADPVI(Mechanism):
             unconverged = laplace_convergence(post.fit_stats) if post.fit_stats else None
             if unconverged:
                 messages.append(f"{unconverged}; it was drawn with NUTS instead")
-            diverging = int(post.sample_stats.get("diverging", np.zeros(1)).sum())
-            if diverging:
-                messages.append(
-                    f"{diverging} divergent transitions in the NUTS run of the post-processing "
-                    "model; its posterior may be biased (try inference='laplace' or more tune "
-                    "steps)"
-                )
+            messages += _divergence_warning(
+                post.sample_stats, "inference='laplace' or more tune steps"
+            )
         curvature = None
         if post is not None and o.resolved_covariance(model.n_params) == "linear-response":
             n = model.n_params
@@ -744,6 +835,7 @@ class NADPVI(Mechanism):
             "settled_step": settled_step,
         }
         if post is not None:
+            attrs["postprocessing"] = "optimum"
             attrs["optimum_prior"] = o.resolved_optimum_prior(model.n_params)
             attrs["covariance"] = o.resolved_covariance(model.n_params)
         return Release(draws=draws, groups=groups, attrs=attrs, warnings=messages)
@@ -758,8 +850,12 @@ class NADPVI(Mechanism):
         keys: list[jax.Array],
         progress: Progress,
         replicates: bool,
-    ) -> list[PostProcessingDraws]:
+    ) -> list[PostProcessingDraws] | list[LikelihoodDraws]:
         o = self.options
+        if self._postprocessing(model) == "likelihood":
+            return self._likelihood_posterior(
+                model, traces, starts, finals, grid, keys, progress, replicates
+            )
         stats = [
             self._statistics(model, trace, start, settings, grid)
             for trace, start, settings in zip(traces, starts, finals, strict=True)
@@ -785,6 +881,56 @@ class NADPVI(Mechanism):
             else:
                 posts = sample_laplace(stats, keys, **options)
                 posts = self._redraw_unconverged(posts, stats, keys, options)
+            bar.advance(1)
+        return posts
+
+    def _likelihood_posterior(
+        self,
+        model: RecordModel,
+        traces: list[Trace],
+        starts: list[int],
+        finals: list[DPSGDSettings],
+        grid: float | None,
+        keys: list[jax.Array],
+        progress: Progress,
+        replicates: bool,
+    ) -> list[LikelihoodDraws]:
+        """The likelihood model's posterior of each fit (:mod:`dpppl_na_dpvi.likelihood`)."""
+        o = self.options
+        n = model.n_params
+        released = o.releases_curvature(n)
+        records = model.record_parameters
+        prior_part = _prior_part_gradient(model)
+        prior_curvature = _prior_curvature(model)
+        stats = []
+        for trace, start, settings in zip(traces, starts, finals, strict=True):
+            beta = np.asarray(settings.preconditioner)
+            stats.append(
+                LikelihoodStatistics.from_trace(
+                    trace.phi,
+                    trace.noisy_grad,
+                    start=start,
+                    noise_std=noise_std(settings, grid, n, released) / beta,
+                    rate=o.sampling_rate,
+                    records=records,
+                    prior_part_gradient=prior_part,
+                    prior_curvature=prior_curvature,
+                    released_fisher=(
+                        _released_fisher(model, trace, start, settings, grid) if released else None
+                    ),
+                )
+            )
+        structure = LikelihoodStructure(
+            records=tuple(bool(b) for b in records),
+            full=o.full_curvature(n),
+            released=released,
+            lkj_eta=o.lkj_eta,
+        )
+        with progress.task("noise-aware posterior (likelihood, nuts)", total=1) as bar:
+            posts = sample_likelihood(
+                stats, keys, tune=o.tune, draws=o.draws, chains=o.chains, structure=structure,
+                logprior=model.logprior, cache=model.cached, replicates=replicates,
+            )
             bar.advance(1)
         return posts
 
@@ -862,6 +1008,21 @@ def _prior_curvature(model: RecordModel):
 
     compiled = model.cached(("na-dpvi", "prior-curvature"), build)
     return lambda phi: np.asarray(compiled(jax.numpy.asarray(phi)))
+
+
+def _prior_part_gradient(model: RecordModel):
+    """Iterates (m, 2n) ↦ the gradients of the part of the negative ELBO that reads no record,
+    E_q[log q(θ) − log p(θ)], at each (:meth:`RecordModel.entropy_and_prior` over
+    ``PRIOR_CURVATURE_DRAWS`` fixed draws: public, the same for every fit), jitted once per model
+    structure."""
+
+    def build():
+        eps = jax.random.normal(jax.random.key(0), (PRIOR_CURVATURE_DRAWS, model.n_params))
+        gradient = jax.grad(model.entropy_and_prior)
+        return jax.jit(jax.vmap(lambda phi: gradient(phi, eps)))
+
+    compiled = model.cached(("na-dpvi", "prior-part-gradient"), build)
+    return lambda phis: np.asarray(compiled(jax.numpy.asarray(phis)))
 
 
 def _released_fisher(
@@ -968,6 +1129,47 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
             coords={"chain": coords["chain"], "draw": coords["draw"]},
         )
     return groups
+
+
+def _divergence_warning(sample_stats: dict[str, np.ndarray], remedy: str) -> list[str]:
+    diverging = int(sample_stats.get("diverging", np.zeros(1)).sum())
+    if not diverging:
+        return []
+    return [
+        f"{diverging} divergent transitions in the NUTS run of the post-processing model; its "
+        f"posterior may be biased (try {remedy})"
+    ]
+
+
+def _likelihood_groups(model: RecordModel, post: LikelihoodDraws) -> dict[str, xr.Dataset]:
+    """The likelihood model's draws of the records' information F, and NUTS's statistics."""
+    names = [n for n, read in zip(model.parameters.labels(), model.record_parameters) if read]
+    chains, draws = post.theta.shape[:2]
+    coords = {"chain": np.arange(chains), "draw": np.arange(draws), "record_param": names}
+    variables = {
+        "F_diagonal": (("chain", "draw", "record_param"), post.information_diagonal),
+    }
+    if post.information_correlation.shape[-1]:
+        rows, cols = np.tril_indices(len(names), -1)
+        coords["record_pair"] = [f"{names[i]}, {names[j]}" for i, j in zip(rows, cols, strict=True)]
+        variables["F_correlation"] = (
+            ("chain", "draw", "record_pair"), post.information_correlation
+        )
+    posterior = xr.Dataset(
+        variables,
+        coords=coords,
+        attrs={
+            "description": "posterior of the likelihood model (dpppl_na_dpvi.likelihood): the "
+            "information F of the records' log-likelihood about the parameters they read, by "
+            "its diagonal and its correlations, drawn jointly with the parameters",
+            "inference": "nuts",
+        },
+    )
+    sample_stats = xr.Dataset(
+        {k: (("chain", "draw"), v) for k, v in post.sample_stats.items()},
+        coords={"chain": coords["chain"], "draw": coords["draw"]},
+    )
+    return {"postprocessing_posterior": posterior, "postprocessing_sample_stats": sample_stats}
 
 
 def _mixture_draws(

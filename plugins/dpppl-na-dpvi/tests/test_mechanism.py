@@ -187,7 +187,10 @@ def test_the_result_holds_the_released_curvature_and_its_prior_reads_it():
 
 def test_the_released_likelihood_reads_the_same_release_beside_the_lkj_prior():
     regression = correlated_regression()
-    result = sample(regression, steps=1000, correlation_prior="released-likelihood", lkj_eta=2.0)
+    result = sample(
+        regression, steps=1000, correlation_prior="released-likelihood", lkj_eta=2.0,
+        postprocessing="optimum",
+    )
     assert "curvature_sum" in result["dpvi_trace"]
     post = result["postprocessing_posterior"]
     # The LKJ prior stays (its η is recorded) and the release moves the correlation from its
@@ -269,9 +272,34 @@ def test_by_default_the_covariance_is_linear_response_where_the_curvature_is_rel
     assert o.resolved_covariance(n_params) == covariance
 
 
-def test_the_covariance_used_is_public_metadata():
-    result = sample(correlated_regression(), steps=1000)
-    assert json.loads(result.attrs["dp_mechanism_attrs"])["covariance"] == "linear-response"
+@pytest.mark.parametrize(
+    ("n_params", "options", "postprocessing"),
+    [
+        (1, {}, "optimum"),  # one parameter: nothing released
+        (5, {}, "likelihood"),  # the released full block
+        (30, {}, "likelihood"),
+        (57, {}, "optimum"),  # UCI Adult's size: a diagonal A, nothing released
+        (5, {"inference": "laplace"}, "optimum"),  # the likelihood model needs NUTS
+        (5, {"covariance": "mean-field"}, "optimum"),  # an option only the optimum model reads
+        (5, {"anchored": 0.5}, "optimum"),
+        (5, {"posterior": "naive"}, "optimum"),
+        (5, {"correlation_prior": "lkj"}, "optimum"),
+        (1, {"postprocessing": "likelihood"}, "likelihood"),
+    ],
+)
+def test_by_default_the_likelihood_model_reads_the_release_where_the_curvature_is_released(
+    n_params, options, postprocessing
+):
+    o = get_mechanism("na-dpvi")(**options).options
+    assert o.resolved_postprocessing(n_params) == postprocessing
+
+
+def test_the_post_processing_used_is_public_metadata():
+    attrs = json.loads(sample(correlated_regression(), steps=1000).attrs["dp_mechanism_attrs"])
+    assert attrs["postprocessing"] == "likelihood" and "covariance" not in attrs
+    optimum = sample(correlated_regression(), steps=1000, postprocessing="optimum")
+    attrs = json.loads(optimum.attrs["dp_mechanism_attrs"])
+    assert attrs["postprocessing"] == "optimum" and attrs["covariance"] == "linear-response"
 
 
 def test_where_the_trace_barely_locates_a_weight_its_posterior_stays_within_the_models_prior():
@@ -293,7 +321,10 @@ def test_a_learned_eta_beside_the_release_grows_only_where_the_correlations_are_
     """Wherever its hyperprior is centred, the learned η follows what the release says of all
     correlations together: it grows where they are all near 0 and keeps the strong ones where
     they are not."""
-    options = {"steps": 2000, "correlation_prior": "released-likelihood", "lkj_eta": None}
+    options = {
+        "steps": 2000, "correlation_prior": "released-likelihood", "lkj_eta": None,
+        "postprocessing": "optimum",
+    }
     independent = sample(equicorrelated_regression(0.0), **options)["postprocessing_posterior"]
     correlated = sample(equicorrelated_regression(0.6), **options)["postprocessing_posterior"]
     eta = {
@@ -305,6 +336,47 @@ def test_a_learned_eta_beside_the_release_grows_only_where_the_correlations_are_
     # Covariates of correlation 0.6 give the weights' curvature correlations near 0.6 (0.43:
     # clipping shrinks them).
     assert float(correlated["A_mu_correlation"].mean()) > 0.3
+
+
+def centred_groups(n_records=600):
+    """Varying intercepts of three public groups, centred: the records read the intercepts and
+    the slope, and only the prior reads the group mean and scale."""
+    rng = np.random.default_rng(4)
+    group, x = rng.integers(0, 3, n_records), rng.normal(size=n_records)
+    with pm.Model(coords={"group": range(3)}) as m:
+        mu_a = pm.Normal("mu_a", 0, 1)
+        tau = pm.HalfNormal("tau", 1)
+        a = pm.Normal("a", mu_a, tau, dims="group")
+        w = pm.Normal("w", 0, 1)
+        y = np.array([0.2, 0.5, 0.4])[group] + 0.7 * x + rng.normal(size=n_records)
+        pm.Normal("y", a[pm.Data("group_index", group)] + w * pm.Data("x", x), 1.0, observed=y)
+    return m
+
+
+def test_the_likelihood_model_draws_every_parameter_and_publishes_the_records_information():
+    result = sample(centred_groups(), steps=1000, postprocessing="likelihood")
+    attrs = json.loads(result.attrs["dp_mechanism_attrs"])
+    assert attrs["postprocessing"] == "likelihood"
+    post = result["postprocessing_posterior"]
+    # F is the records' information: over the parameters the records read, not the group mean
+    # and scale, which the model's prior alone holds.
+    assert list(post["record_param"].values) == ["a[0]", "a[1]", "a[2]", "w"]
+    assert post["F_diagonal"].shape == (2, 100, 4) and (post["F_diagonal"] > 0).all()
+    assert post["F_correlation"].shape == (2, 100, 6)
+    assert (np.abs(post["F_correlation"]) < 1).all()
+    assert set(result["postprocessing_sample_stats"].data_vars) >= {"diverging", "step_size"}
+    for name in ("mu_a", "tau", "a", "w"):
+        assert np.isfinite(result.posterior[name].values).all()
+    assert (result.posterior["tau"] > 0).all()
+
+
+def test_the_likelihood_model_refuses_a_model_whose_records_read_no_parameter():
+    rng = np.random.default_rng(0)
+    with pm.Model() as m:
+        pm.Normal("a", 0, 1)
+        pm.Normal("y", 0.0, 1.0, observed=rng.normal(size=50))
+    with pytest.raises(dpppl.ModelNotSupportedError, match="records' log-likelihood"):
+        sample(m, postprocessing="likelihood")
 
 
 def test_the_anchored_steps_are_public_and_stay_at_the_mean_of_the_settled_moving_steps(model):
@@ -434,6 +506,11 @@ def test_a_second_fit_of_the_same_model_compiles_nothing(model):
         ({"steps": 30, "anchored": 0.9}, "at least 10 free steps"),
         ({"optimum_prior": "model-bounded", "optimum": "sampled"}, "use optimum='integrated'"),
         ({"lkj_eta": 8.0, "correlation_prior": "released"}, "does not read it"),
+        ({"postprocessing": "likelihood", "inference": "laplace"}, r"no use for the option\(s\) inference"),
+        (
+            {"postprocessing": "likelihood", "posterior": "naive", "covariance": "mean-field"},
+            r"option\(s\) posterior, covariance as given",
+        ),
     ],
 )
 def test_invalid_options_are_refused_before_anything_runs(options, message):

@@ -1,0 +1,428 @@
+"""The noise-aware likelihood model: the DP-SGD release read as a noisy observation of the
+records' log-likelihood, and the posterior drawn under the model's own prior.
+
+The paper's post-processing model (:mod:`dpppl_na_dpvi.postprocess`) infers the optimum φ* of
+the ELBO from the trace and draws θ from q(θ; φ*) or N(μ*, A_μ⁻¹).  The optimum's prior there
+is a generic one (unit information), and the model's prior enters only through the optimum
+itself, linearised.  Where the privacy noise leaves the optimum uncertain by as much as the
+model's prior allows θ to vary, that posterior is wider than the prior: on the 10-D regression
+at ε = 0.1 the weights' noise-aware spread was 360–1,580 posterior sds of q, several times the
+prior's (``tutorials/RESULTS.md``, stop 46), and in a hierarchy the group intercepts are spread
+independently by the noise where a small group scale would tie them together.
+
+This model reads the release the other way round.  Each released gradient is the ELBO's, and
+the ELBO is the records' part, −Σ_i E_q[log p(x_i | θ)], plus a part that reads no record,
+E_q[log q(θ) − log p(θ)], whose gradient is public given φ (:meth:`RecordModel.entropy_and_prior`).
+Taking it off leaves the records' part, which for a log-likelihood that is quadratic where the
+trace moves, −Σ_i log p(x_i | θ) ≈ ½ (θ − θ̂)ᵀ F (θ − θ̂) + const in the coordinates the records
+read, has expected noisy gradients (κ the sampling rate)
+
+    r_t,μ = κ F (μ_t − θ̂),        r_t,u = ½ κ diag(F) ⊙ sigmoid(u_t),
+
+each with the release's noise (variance V per coordinate).  The μ-gradients locate θ̂ and, through
+the trace's wander, inform F; the u-gradients observe F's diagonal; the released curvature rows
+observe F's correlations (:func:`dpppl_na_dpvi.postprocess.released_fisher_correlations`).  And
+θ̂ is the centre of the records' likelihood, which given θ is about N(θ, F⁻¹): integrated out
+against the trace's Gaussian likelihood of it, the release says of θ and F
+
+    log p(release | θ, F) = −½ zᵀ(F + W)⁻¹z − ½ log|F + W| − ½ RSS(F) + (u-gradients' term),
+    z = F (θ_R − μ̄) + r̄/κ,   W = V / (T κ²),
+
+with μ̄ and r̄ the means of μ_t and r_t over the T gradients read and RSS(F) the residual sum of
+squares of r_t − r̄ on κF(μ_t − μ̄).  The posterior of θ is then that times the model's own prior
+p(θ), exactly, hierarchy and all; θ's coordinates that no record reads (a centred hierarchy's
+group mean and scale, :attr:`RecordModel.record_parameters`) are held by the prior alone.
+
+NUTS samples θ, F's log-diagonal v and its correlations y together.  The correlations have
+LKJ(η)'s prior with η learned, as in the optimum model, and the released correlations observe
+them; those the release cannot observe are held at 0 (:data:`UNOBSERVED_CORRELATION_STD`).
+The optimum model's spike-and-slab prior is left out: it let noisy released correlations of a
+noise scale with group intercepts reach ±0.8, which here moves θ, and the demo's model is
+calibrated without it (``tutorials/RESULTS.md``).
+
+NUTS sees the records' coordinates of θ whitened by their conditional posterior given the rest,
+θ_R = θ* + Q^(−½) ε: Q = H + Σ⁻¹ is the likelihood's precision Σ⁻¹ = F(F + W)⁻¹F plus the
+diagonal curvature H of the model's log prior in θ_R at the likelihood's centre
+m = μ̄ − F⁻¹r̄/κ, and θ* = m + Q⁻¹∇ one Newton step from m.  The map is a bijection for each
+(θ_F, F), so the target is unchanged, and where the prior of θ_R given the rest is an
+independent Gaussian (normal priors, a centred hierarchy's group effects) ε is exactly standard
+normal whatever θ_F and F are: no funnel of θ with F along a direction the release leaves weak,
+where the posterior is the prior's (θ standardised by the likelihood alone gave divergent
+transitions in half the fits of a 4-parameter logistic regression), nor of a group effect with
+its group's scale (the map is centred where the records locate the effects, non-centred where
+the scale holds them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpppl_na_dpvi.postprocess import (
+    TARGET_ACCEPT,
+    UNINFORMATIVE_DEVIATION,
+    correlation_cholesky,
+    correlation_logp,
+    correlation_scales,
+    fitted_prior_curvature,
+    lkj_concentration_centre,
+    released_correlation_prior,
+    released_fisher_correlations,
+    run_nuts,
+)
+
+#: Standard deviation with which a correlation of F that the release does not observe (its
+#: coordinates' released information within a few noise sds of 0, :func:`released_fisher_
+#: correlations`) is held at 0.  Left to LKJ(η), such correlations reached ±0.8 between a noise
+#: scale and the group intercepts of a centred hierarchy (whose true cross-information is 0),
+#: and through F⁻¹ moved the likelihood's centre by several of its sds: the posterior had two
+#: modes, and 19 % of the fits of the class study (K = 200, ε = 1) divergent transitions; held
+#: at 0, none of the 8 worst fits diverged again (``tutorials/RESULTS.md``).
+UNOBSERVED_CORRELATION_STD = 0.02
+#: Standard deviation of the prior of each log F_jj around the curvature the mean-field ELBO has
+#: at its trace mean, less the prior's (1/softplus(ū_j) − P_jj): wide, because the u-gradients
+#: observe F's diagonal themselves.
+INFORMATION_PRIOR_WIDTH = 1.0
+
+
+class LikelihoodStatistics(NamedTuple):
+    """What the likelihood model reads of one fit's trace, in the r coordinates the records read
+    (``R``) unless said otherwise; the records' gradients r_t are the noisy gradients less κ times
+    the gradient of the part of the ELBO that reads no record."""
+
+    count: jax.Array  # T, the gradients read
+    centre: jax.Array  # μ̄_R
+    mean_gradient: jax.Array  # r̄ (μ-coordinates)
+    sum_ee: jax.Array  # Σ (r_t − r̄)², (r,)
+    sum_xe: jax.Array  # Σ x_t (r_t − r̄)ᵀ with x_t = μ_t − μ̄, (r, r)
+    sum_xx: jax.Array  # Σ x_t x_tᵀ, (r, r)
+    sum_us: jax.Array  # Σ r_t,u sigmoid(u_t), (r,)
+    sum_ss: jax.Array  # Σ sigmoid(u_t)², (r,)
+    noise_var: jax.Array  # V of the μ-gradients, (r,)
+    noise_var_u: jax.Array  # V of the u-gradients, (r,)
+    rate: jax.Array  # κ
+    prior_v_mean: jax.Array  # centre of log diag(F)'s prior, (r,)
+    prior_v_std: jax.Array
+    free_centre: jax.Array  # μ̄ of the coordinates no record reads, where NUTS starts them
+    #: The released Fisher correlations of the records' coordinates and their standard
+    #: deviations (:func:`released_fisher_correlations`), and the released prior's centre of y,
+    #: where NUTS starts it; empty without the release or with one record coordinate.
+    fisher_correlation: jax.Array = jnp.zeros(0)
+    fisher_correlation_std: jax.Array = jnp.zeros(0)
+    correlation_start: jax.Array = jnp.zeros(0)
+
+    @classmethod
+    def from_trace(
+        cls,
+        phi: np.ndarray,
+        noisy_grad: np.ndarray,
+        *,
+        start: int,
+        noise_std: np.ndarray,
+        rate: float,
+        records: np.ndarray,
+        prior_part_gradient: Callable[[np.ndarray], np.ndarray],
+        prior_curvature: Callable[[np.ndarray], np.ndarray],
+        released_fisher: tuple[np.ndarray, float] | None = None,
+    ) -> LikelihoodStatistics:
+        """Statistics of the pairs (φ_t, g̃_{t+1}) for t = ``start`` … T − 1.
+
+        ``noise_std`` is the release's noise per coordinate of φ in units of the noisy gradients,
+        ``records`` the mask of θ's coordinates the records read
+        (:attr:`RecordModel.record_parameters`), ``prior_part_gradient`` maps iterates (m, 2n)
+        to the gradients of the part of the ELBO that reads no record, and ``prior_curvature``
+        φ to its curvature in μ (both public).  ``released_fisher`` is the released empirical
+        Fisher information of the records' μ-gradients (n × n) and its noise's standard
+        deviation per entry, or None.
+        """
+        n = phi.shape[1] // 2
+        index = np.flatnonzero(records)
+        x = np.asarray(phi[start : len(noisy_grad)])
+        residual = np.asarray(noisy_grad[start:]) - rate * np.asarray(prior_part_gradient(x))
+        mu, gradient = x[:, index], residual[:, index]
+        centre, mean_gradient = mu.mean(axis=0), gradient.mean(axis=0)
+        xc, e = mu - centre, gradient - mean_gradient
+        slope_u = 1 / (1 + np.exp(-x[:, n + index]))
+        noise_var = np.asarray(noise_std, dtype=float) ** 2
+        phi_bar = x.mean(axis=0)
+        # 1/softplus(ū) is the ELBO's curvature at its optimum in each μ-coordinate; the model's
+        # prior takes its share of that, and the records' is what is left.
+        diagonal = 1 / np.logaddexp(0.0, phi_bar[n:])
+        prior = np.diagonal(fitted_prior_curvature(prior_curvature(phi_bar), diagonal))
+        v_mean = np.log((diagonal - prior)[index])
+        fisher_correlation = fisher_std = correlation_start = np.zeros(0)
+        if released_fisher is not None and len(index) > 1:
+            fisher, fisher_noise = released_fisher
+            block = np.asarray(fisher)[np.ix_(index, index)]
+            fisher_correlation, fisher_std = released_fisher_correlations(block, fisher_noise)
+            unobserved = fisher_std >= UNINFORMATIVE_DEVIATION
+            fisher_correlation = np.where(unobserved, 0.0, fisher_correlation)
+            fisher_std = np.where(unobserved, UNOBSERVED_CORRELATION_STD, fisher_std)
+            correlation_start = released_correlation_prior(block, fisher_noise)[0]
+        return cls(
+            count=jnp.asarray(float(len(x))),
+            centre=jnp.asarray(centre),
+            mean_gradient=jnp.asarray(mean_gradient),
+            sum_ee=jnp.asarray((e**2).sum(axis=0)),
+            sum_xe=jnp.asarray(xc.T @ e),
+            sum_xx=jnp.asarray(xc.T @ xc),
+            sum_us=jnp.asarray((residual[:, n + index] * slope_u).sum(axis=0)),
+            sum_ss=jnp.asarray((slope_u**2).sum(axis=0)),
+            noise_var=jnp.asarray(noise_var[index]),
+            noise_var_u=jnp.asarray(noise_var[n + index]),
+            rate=jnp.asarray(float(rate)),
+            prior_v_mean=jnp.asarray(v_mean),
+            prior_v_std=jnp.full(len(index), INFORMATION_PRIOR_WIDTH),
+            free_centre=jnp.asarray(phi_bar[:n][~np.asarray(records, dtype=bool)]),
+            fisher_correlation=jnp.asarray(fisher_correlation),
+            fisher_correlation_std=jnp.asarray(fisher_std),
+            correlation_start=jnp.asarray(correlation_start),
+        )
+
+
+@dataclass(frozen=True)
+class LikelihoodStructure:
+    """The static shape of the likelihood model: which of θ's n coordinates the records read,
+    whether F is full (correlations) and read beside the released correlations, and η of their
+    LKJ prior (None: learned)."""
+
+    records: tuple[bool, ...]
+    full: bool = True
+    released: bool = True
+    lkj_eta: float | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.records)
+
+    @property
+    def record_index(self) -> np.ndarray:
+        return np.flatnonzero(self.records)
+
+    @property
+    def free_index(self) -> np.ndarray:
+        return np.flatnonzero(~np.asarray(self.records, dtype=bool))
+
+    @property
+    def n_records(self) -> int:
+        return int(sum(self.records))
+
+    @property
+    def n_correlations(self) -> int:
+        r = self.n_records
+        return r * (r - 1) // 2 if self.full else 0
+
+    @property
+    def n_concentrations(self) -> int:
+        return int(self.n_correlations > 0 and self.lkj_eta is None)
+
+    def split(self, position: jax.Array) -> tuple[jax.Array, ...]:
+        """(ε, θ_F, v, y, ρ) from NUTS's position."""
+        r, n_free, n_corr = self.n_records, self.n - self.n_records, self.n_correlations
+        bounds = np.cumsum([r, n_free, r, n_corr])
+        return tuple(jnp.split(position, bounds))
+
+
+def _information(v: jax.Array, y: jax.Array, structure: LikelihoodStructure) -> jax.Array:
+    """F = D^½ R D^½ with D = diag(exp(v)) and R the correlation of y (the identity without)."""
+    r = structure.n_records
+    corr_chol = correlation_cholesky(y, r)[0] if structure.full and r > 1 else jnp.eye(r)
+    chol = jnp.exp(0.5 * v)[:, None] * corr_chol
+    return chol @ chol.T
+
+
+def _release_logp(
+    theta_r: jax.Array, information: jax.Array, stats: LikelihoodStatistics
+) -> jax.Array:
+    """log p(release | θ, F): the likelihood's centre given θ_R, the μ-gradients' residuals
+    about their slope and the u-gradients' observation of F's diagonal."""
+    kf = stats.rate * information
+    spread = stats.noise_var / (stats.count * stats.rate**2)
+    chol = jnp.linalg.cholesky(information + jnp.diag(spread))
+    located = information @ (theta_r - stats.centre) + stats.mean_gradient / stats.rate
+    white = jax.scipy.linalg.solve_triangular(chol, located, lower=True)
+    residual_ss = (
+        stats.sum_ee
+        - 2 * jnp.diagonal(kf @ stats.sum_xe)
+        + jnp.sum((kf @ stats.sum_xx) * kf, axis=1)
+    )
+    half_slope = 0.5 * stats.rate * jnp.diagonal(information)
+    u_term = half_slope**2 * stats.sum_ss - 2 * half_slope * stats.sum_us
+    return (
+        -0.5 * white @ white
+        - jnp.sum(jnp.log(jnp.diagonal(chol)))
+        - 0.5 * jnp.sum(residual_ss / stats.noise_var)
+        - 0.5 * jnp.sum(u_term / stats.noise_var_u)
+    )
+
+
+@dataclass(frozen=True)
+class LikelihoodTarget:
+    """The likelihood model as :func:`dpppl_na_dpvi.postprocess.run_nuts` samples it, with the
+    model's log prior density ``logprior`` (θ ↦ log p(θ), unconstrained).
+
+    Where η is learned and nothing is released, NUTS sees each correlation divided by its LKJ(η)
+    prior scale, as in the optimum model (:func:`dpppl_na_dpvi.postprocess.correlation_scales`):
+    a large η squeezes them all towards 0, which centred makes a funnel.
+    """
+
+    structure: LikelihoodStructure
+    logprior: Callable[[jax.Array], jax.Array]
+
+    @property
+    def target_accept(self) -> float:
+        return TARGET_ACCEPT[self.structure.n_correlations > 0]
+
+    def _correlation_scale(self, rho: jax.Array) -> jax.Array:
+        """Each correlation's scale in NUTS's position: its LKJ(η) prior scale where η is learned
+        and nothing is released (with the release, each correlation is held by its observation
+        or at 0, see :data:`UNOBSERVED_CORRELATION_STD`), else 1."""
+        structure = self.structure
+        if structure.released or not structure.n_concentrations:
+            return jnp.ones(structure.n_correlations)
+        return correlation_scales(1 + jnp.exp(rho[0]), structure.n_records)
+
+    def _parameters(
+        self, position: jax.Array, stats: LikelihoodStatistics
+    ) -> tuple[jax.Array, jax.Array]:
+        """The model's parameters (ε, θ_F, v, y, ρ) from NUTS's position, and log|Jacobian|."""
+        eps, free, v, y, rho = self.structure.split(position)
+        scale = self._correlation_scale(rho)
+        return jnp.concatenate([eps, free, v, y * scale, rho]), jnp.sum(jnp.log(scale))
+
+    def _theta(
+        self, params: jax.Array, stats: LikelihoodStatistics
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """θ (n,) at the parameters (ε, θ_F, v, y, ρ), θ_R = θ* + Q^(−½)ε, F there, and the
+        map's log|Jacobian| −½ log|Q|."""
+        structure = self.structure
+        eps, free, v, y, _ = structure.split(params)
+        information = _information(v, y, structure)
+        spread = stats.noise_var / (stats.count * stats.rate**2)
+        chol_f = jnp.linalg.cholesky(information)
+        centre = stats.centre - jax.scipy.linalg.cho_solve(
+            (chol_f, True), stats.mean_gradient / stats.rate
+        )
+        chol_w = jnp.linalg.cholesky(information + jnp.diag(spread))
+        half = jax.scipy.linalg.solve_triangular(chol_w, information, lower=True)
+        base = jnp.zeros(structure.n, dtype=params.dtype).at[structure.free_index].set(free)
+
+        def logprior_r(theta_r):
+            return self.logprior(base.at[structure.record_index].set(theta_r))
+
+        gradient = jax.grad(logprior_r)(centre)
+        # The prior's curvature coordinate by coordinate, floored at 0: exact for independent
+        # priors and for group effects given their group's mean and scale, and a precision
+        # whatever the prior (an eigenvalue floor of the whole matrix has no derivative where
+        # eigenvalues repeat, as a hierarchy's do).
+        curvature = jnp.maximum(-jnp.diagonal(jax.hessian(logprior_r)(centre)), 0.0)
+        chol_q = jnp.linalg.cholesky(jnp.diag(curvature) + half.T @ half)
+        newton = jax.scipy.linalg.cho_solve((chol_q, True), gradient)
+        theta_r = centre + newton + jax.scipy.linalg.solve_triangular(chol_q.T, eps, lower=False)
+        log_jacobian = -jnp.sum(jnp.log(jnp.diagonal(chol_q)))
+        return base.at[structure.record_index].set(theta_r), information, log_jacobian
+
+    def logdensity(self, position: jax.Array, stats: LikelihoodStatistics) -> jax.Array:
+        params, log_jacobian = self._parameters(position, stats)
+        _, _, v, y, rho = self.structure.split(params)
+        theta, information, whitening = self._theta(params, stats)
+        log_prior_v = -0.5 * jnp.sum(((v - stats.prior_v_mean) / stats.prior_v_std) ** 2)
+        log_prior_y = 0.0
+        if self.structure.n_correlations:
+            released = (
+                (stats.fisher_correlation, stats.fisher_correlation_std)
+                if self.structure.released
+                else None
+            )
+            log_prior_y = correlation_logp(
+                y, rho, self.structure.n_records, self.structure.lkj_eta, released
+            )
+        return (
+            self.logprior(theta)
+            + _release_logp(theta[self.structure.record_index], information, stats)
+            + log_prior_v
+            + log_prior_y
+            + log_jacobian
+            + whitening
+        )
+
+    def initial(self, stats: LikelihoodStatistics) -> jax.Array:
+        structure = self.structure
+        rho = jnp.full(structure.n_concentrations, np.log(
+            lkj_concentration_centre(structure.n_records) - 1
+        ))
+        y = jnp.zeros(structure.n_correlations)
+        if structure.n_correlations and structure.released:
+            y = stats.correlation_start
+        y = y / self._correlation_scale(rho)
+        r = structure.n_records
+        return jnp.concatenate([jnp.zeros(r), stats.free_centre, stats.prior_v_mean, y, rho])
+
+    def finish(
+        self, positions: jax.Array, stats: LikelihoodStatistics, key: jax.Array
+    ) -> jax.Array:
+        """θ, F's diagonal and F's correlations (row by row below the diagonal) per draw."""
+        rows, cols = np.tril_indices(self.structure.n_records, -1)
+
+        def one(position):
+            theta, information, _ = self._theta(self._parameters(position, stats)[0], stats)
+            diagonal = jnp.diagonal(information)
+            root = jnp.sqrt(diagonal)
+            correlation = (information / jnp.outer(root, root))[rows, cols]
+            return jnp.concatenate([theta, diagonal, correlation])
+
+        return jax.vmap(one)(positions)
+
+
+@dataclass(frozen=True)
+class LikelihoodDraws:
+    """Draws of θ from the likelihood model, of the records' information F beside them, and the
+    sampler's statistics."""
+
+    theta: np.ndarray  # (chain, draw, n)
+    information_diagonal: np.ndarray  # (chain, draw, r)
+    information_correlation: np.ndarray  # (chain, draw, r(r − 1)/2)
+    sample_stats: dict[str, np.ndarray]
+
+
+def sample_likelihood(
+    stats: list[LikelihoodStatistics],
+    keys: list[jax.Array],
+    *,
+    tune: int,
+    draws: int,
+    chains: int,
+    structure: LikelihoodStructure,
+    logprior: Callable[[jax.Array], jax.Array],
+    cache,
+    replicates: bool = False,
+) -> list[LikelihoodDraws]:
+    """NUTS on the likelihood model of each fit.  ``cache`` is the model's (one compiled sampler
+    per model structure and sizes: ``logprior`` is the model's, the same function for every
+    model of that structure)."""
+    n, r = structure.n, structure.n_records
+    runs = run_nuts(
+        LikelihoodTarget(structure, logprior),
+        stats,
+        keys,
+        tune=tune,
+        draws=draws,
+        chains=chains,
+        cache=cache,
+        cache_key=("na-dpvi", "likelihood-nuts", tune, draws, chains, structure, replicates),
+        replicates=replicates,
+    )
+    return [
+        LikelihoodDraws(
+            theta=kept[..., :n],
+            information_diagonal=kept[..., n : n + r],
+            information_correlation=kept[..., n + r :],
+            sample_stats=info,
+        )
+        for kept, info in runs
+    ]
