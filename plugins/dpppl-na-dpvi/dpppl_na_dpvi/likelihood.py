@@ -142,8 +142,13 @@ class LikelihoodStatistics(NamedTuple):
         """
         n = phi.shape[1] // 2
         index = np.flatnonzero(records)
-        x = np.asarray(phi[start : len(noisy_grad)])
-        residual = np.asarray(noisy_grad[start:]) - rate * np.asarray(prior_part_gradient(x))
+        # The record-free part is evaluated on the whole trace, whose length the schedule fixes,
+        # and cut afterwards: cut first, its shape would follow the settled start and make each
+        # fit compile it anew.
+        iterates = np.asarray(phi[: len(noisy_grad)])
+        record_free = np.asarray(prior_part_gradient(iterates))[start:]
+        x = iterates[start:]
+        residual = np.asarray(noisy_grad[start:]) - rate * record_free
         mu, gradient = x[:, index], residual[:, index]
         centre, mean_gradient = mu.mean(axis=0), gradient.mean(axis=0)
         xc, e = mu - centre, gradient - mean_gradient
@@ -266,9 +271,11 @@ class LikelihoodTarget:
     """The likelihood model as :func:`dpppl_na_dpvi.postprocess.run_nuts` samples it, with the
     model's log prior density ``logprior`` (θ ↦ log p(θ), unconstrained).
 
-    Where η is learned and nothing is released, NUTS sees each correlation divided by its LKJ(η)
-    prior scale, as in the optimum model (:func:`dpppl_na_dpvi.postprocess.correlation_scales`):
-    a large η squeezes them all towards 0, which centred makes a funnel.
+    Where η is learned, NUTS sees each correlation divided by its scale given η: its LKJ(η)
+    prior scale (:func:`dpppl_na_dpvi.postprocess.correlation_scales`) combined in precision with
+    its observation's standard deviation where the release observes it.  A large η squeezes the
+    correlations the release leaves weak towards 0, which centred makes a funnel, while one the
+    release holds tightly would, divided by the prior's scale alone, make the opposite one.
     """
 
     structure: LikelihoodStructure
@@ -278,21 +285,22 @@ class LikelihoodTarget:
     def target_accept(self) -> float:
         return TARGET_ACCEPT[self.structure.n_correlations > 0]
 
-    def _correlation_scale(self, rho: jax.Array) -> jax.Array:
-        """Each correlation's scale in NUTS's position: its LKJ(η) prior scale where η is learned
-        and nothing is released (with the release, each correlation is held by its observation
-        or at 0, see :data:`UNOBSERVED_CORRELATION_STD`), else 1."""
+    def _correlation_scale(self, rho: jax.Array, stats: LikelihoodStatistics) -> jax.Array:
+        """Each correlation's scale in NUTS's position (1 where η is fixed)."""
         structure = self.structure
-        if structure.released or not structure.n_concentrations:
+        if not structure.n_concentrations:
             return jnp.ones(structure.n_correlations)
-        return correlation_scales(1 + jnp.exp(rho[0]), structure.n_records)
+        prior = correlation_scales(1 + jnp.exp(rho[0]), structure.n_records)
+        if not structure.released:
+            return prior
+        return 1 / jnp.sqrt(prior**-2 + stats.fisher_correlation_std**-2)
 
     def _parameters(
         self, position: jax.Array, stats: LikelihoodStatistics
     ) -> tuple[jax.Array, jax.Array]:
         """The model's parameters (ε, θ_F, v, y, ρ) from NUTS's position, and log|Jacobian|."""
         eps, free, v, y, rho = self.structure.split(position)
-        scale = self._correlation_scale(rho)
+        scale = self._correlation_scale(rho, stats)
         return jnp.concatenate([eps, free, v, y * scale, rho]), jnp.sum(jnp.log(scale))
 
     def _theta(
@@ -359,7 +367,7 @@ class LikelihoodTarget:
         y = jnp.zeros(structure.n_correlations)
         if structure.n_correlations and structure.released:
             y = stats.correlation_start
-        y = y / self._correlation_scale(rho)
+        y = y / self._correlation_scale(rho, stats)
         r = structure.n_records
         return jnp.concatenate([jnp.zeros(r), stats.free_centre, stats.prior_v_mean, y, rho])
 

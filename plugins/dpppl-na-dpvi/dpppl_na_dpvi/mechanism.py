@@ -803,14 +803,21 @@ class NADPVI(Mechanism):
         messages = [] if drifting is None else [drifting]
         if isinstance(post, LikelihoodDraws):
             groups.update(_likelihood_groups(model, post))
-            messages += _divergence_warning(post.sample_stats, "more tune steps")
+            messages += _divergence_warning(
+                post.sample_stats,
+                "more tune steps; a hierarchy written non-centred, mu + tau * z, is better "
+                "written centred, or read with postprocessing='optimum'",
+            )
             attrs = {
                 **schedule.public(),
                 "anchored_steps": o.anchored_steps,
                 "settled_step": settled_step,
                 "postprocessing": "likelihood",
             }
-            return Release(draws=post.theta, groups=groups, attrs=attrs, warnings=messages)
+            # A writable copy, as the optimum model's draws are: NumPy views of JAX arrays are
+            # read-only.
+            draws = np.array(post.theta)
+            return Release(draws=draws, groups=groups, attrs=attrs, warnings=messages)
         if post is None:
             phi_star = trace.phi[-1][None, None, :].repeat(o.chains, 0).repeat(o.draws, 1)
         else:
