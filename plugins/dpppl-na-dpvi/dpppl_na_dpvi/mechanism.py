@@ -310,7 +310,7 @@ class NADPVI(Mechanism):
         published as ``postprocessing``.  The likelihood model reads no option of the optimum
         model (``optimum``, ``optimum_prior``, ``covariance``, ``curvature_prior``,
         ``anchored``, ``subsampling_noise``) and needs NUTS.  Measured in
-        ``tutorials/RESULTS.md`` (stop 50).
+        ``tutorials/RESULTS.md`` (stop 51).
     """
 
     name = "na-dpvi"

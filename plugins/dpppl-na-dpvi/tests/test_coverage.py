@@ -160,7 +160,7 @@ FAST_MARGINAL_BOUND = 0.13
 KNOWN_FAILURES = {
     "varying intercepts over public groups": (
         "written non-centred (mu_a + tau * z) the group mean, scale and offsets are "
-        "over-confident under either post-processing.  The default likelihood model (stop 50) "
+        "over-confident under either post-processing.  The default likelihood model (stop 51) "
         "takes the records' log-likelihood as quadratic with a constant curvature F in the "
         "parameters they read, and in (mu_a, tau, z) it is not: the intercepts are products "
         "tau * z, and F is singular along the two directions that leave the intercepts fixed.  "
@@ -177,7 +177,7 @@ KNOWN_FAILURES = {
 def test_the_noise_aware_posterior_is_calibrated_on_each_model_class(model_class):
     if model_class in KNOWN_FAILURES:
         # Not run: the class study at 10,000 steps measures the failure plainly (K = 40:
-        # 0.256, tutorials/RESULTS.md, stop 50); the suite does not repeat it at CI size.
+        # 0.256, tutorials/RESULTS.md, stop 51); the suite does not repeat it at CI size.
         pytest.xfail(KNOWN_FAILURES[model_class])
     build, covariates = CLASSES[model_class]
     study = tarp_study(
