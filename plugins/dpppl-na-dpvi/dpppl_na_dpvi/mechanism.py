@@ -746,7 +746,7 @@ class NADPVI(Mechanism):
                 model, traces, starts, finals, grid, [k[1] for k in keys], progress, replicates
             )
         return [
-            self._release(model, trace, post, schedule, start, key[2])
+            self._release(model, trace, post, schedule, start, read, key[2])
             for trace, post, schedule, start, key in zip(
                 traces, posts, schedules, starts, keys, strict=True
             )
@@ -783,8 +783,11 @@ class NADPVI(Mechanism):
         post: PostProcessingDraws | LikelihoodDraws | None,
         schedule: StandardisedSchedule,
         settled_step: int,
+        read: np.ndarray,
         key: jax.Array,
     ) -> Release:
+        """One fit's release; ``read`` are the coordinates of φ whose drift the posterior reads
+        (:meth:`_read_coordinates`)."""
         o = self.options
         # The anchored phase does not move (its first iterate is the anchor), so only the moving
         # steps can drift.
@@ -794,10 +797,10 @@ class NADPVI(Mechanism):
             "dpvi_trace": _trace_dataset(model, trace, scores, schedule.last.clipping_bound)
         }
         read_steps = len(moving) - 1 - settled_step
-        read = self._read_coordinates(model)
+        labels = _vi_labels(model)
         drifting = drift_warning(
             scores[read],
-            [_vi_labels(model)[i] for i in read],
+            [labels[i] for i in read],
             schedule.bounded_relaxations(read_steps),
         )
         messages = [] if drifting is None else [drifting]
@@ -1107,9 +1110,7 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
         "A_diagonal": (("chain", "draw", "vi_param"), post.curvature_diagonal),
     }
     if post.mu_correlation.shape[-1]:
-        names = model.parameters.labels()
-        rows, cols = np.tril_indices(len(names), -1)
-        coords["mu_pair"] = [f"{names[i]}, {names[j]}" for i, j in zip(rows, cols, strict=True)]
+        coords["mu_pair"] = _pair_labels(model.parameters.labels())
         variables["A_mu_correlation"] = (("chain", "draw", "mu_pair"), post.mu_correlation)
         if post.mu_concentration is not None:
             variables["A_mu_lkj_concentration"] = (("chain", "draw"), post.mu_concentration)
@@ -1131,11 +1132,22 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
     )
     groups = {"postprocessing_posterior": posterior}
     if post.sample_stats:
-        groups["postprocessing_sample_stats"] = xr.Dataset(
-            {k: (("chain", "draw"), v) for k, v in post.sample_stats.items()},
-            coords={"chain": coords["chain"], "draw": coords["draw"]},
-        )
+        groups["postprocessing_sample_stats"] = _sample_stats_dataset(post.sample_stats, coords)
     return groups
+
+
+def _pair_labels(names: list[str]) -> list[str]:
+    """Labels of the pairs of ``names`` row by row below the diagonal, as correlations are kept."""
+    rows, cols = np.tril_indices(len(names), -1)
+    return [f"{names[i]}, {names[j]}" for i, j in zip(rows, cols, strict=True)]
+
+
+def _sample_stats_dataset(sample_stats: dict[str, np.ndarray], coords: dict) -> xr.Dataset:
+    """The post-processing NUTS run's statistics per (chain, draw)."""
+    return xr.Dataset(
+        {k: (("chain", "draw"), v) for k, v in sample_stats.items()},
+        coords={"chain": coords["chain"], "draw": coords["draw"]},
+    )
 
 
 def _divergence_warning(sample_stats: dict[str, np.ndarray], remedy: str) -> list[str]:
@@ -1157,8 +1169,7 @@ def _likelihood_groups(model: RecordModel, post: LikelihoodDraws) -> dict[str, x
         "F_diagonal": (("chain", "draw", "record_param"), post.information_diagonal),
     }
     if post.information_correlation.shape[-1]:
-        rows, cols = np.tril_indices(len(names), -1)
-        coords["record_pair"] = [f"{names[i]}, {names[j]}" for i, j in zip(rows, cols, strict=True)]
+        coords["record_pair"] = _pair_labels(names)
         variables["F_correlation"] = (
             ("chain", "draw", "record_pair"), post.information_correlation
         )
@@ -1172,11 +1183,10 @@ def _likelihood_groups(model: RecordModel, post: LikelihoodDraws) -> dict[str, x
             "inference": "nuts",
         },
     )
-    sample_stats = xr.Dataset(
-        {k: (("chain", "draw"), v) for k, v in post.sample_stats.items()},
-        coords={"chain": coords["chain"], "draw": coords["draw"]},
-    )
-    return {"postprocessing_posterior": posterior, "postprocessing_sample_stats": sample_stats}
+    return {
+        "postprocessing_posterior": posterior,
+        "postprocessing_sample_stats": _sample_stats_dataset(post.sample_stats, coords),
+    }
 
 
 def _mixture_draws(
