@@ -172,12 +172,14 @@ class CompiledRecordModel:
         constrained_names: tuple[str, ...],
         initial_theta: np.ndarray,
         record_parameters: np.ndarray,
+        record_parameter_rank: int,
         terms_fn: Callable,
         logprior_fn: Callable,
         constrain_fn: Callable,
     ):
         self.parameters = parameters
         self.record_parameters = record_parameters
+        self.record_parameter_rank = record_parameter_rank
         self.records = records
         self.term_names = term_names
         self.constrained_names = list(constrained_names)
@@ -357,6 +359,10 @@ class RecordModel:
                 constrained_names=constrained_names,
                 initial_theta=initial_theta,
                 record_parameters=record_parameters,
+                record_parameter_rank=_record_parameter_rank(
+                    model, parameters, terms, list(self._batch_inputs.values()),
+                    record_parameters, initial_theta,
+                ),
                 # One function per term, so that the probe can check each term's record axis.
                 terms_fn=jaxify(inputs, terms),
                 logprior_fn=jaxify(model.value_vars, [logprior]),
@@ -525,6 +531,22 @@ class RecordModel:
         such a coordinate beyond what they say about the others, so given those its posterior
         is its prior conditional, which a mechanism may draw exactly."""
         return self.compiled.record_parameters.copy()
+
+    @property
+    def record_parameter_rank(self) -> int:
+        """The rank, in the record parameters (:attr:`record_parameters`), of the Jacobian of
+        what the records' part of the graph reads of θ before the data enter (each record's
+        mean and scale, say, or the group intercepts that its group index picks).
+
+        Equal to ``record_parameters.sum()`` unless the likelihood reads the parameters through
+        fewer functions of them, as a non-centred hierarchy does: its records read the group
+        intercepts ``mu_a + tau * z`` and not ``mu_a``, ``tau`` and ``z`` apart, so whatever the
+        data the likelihood is flat along the directions that leave the intercepts fixed.  It
+        is an upper bound on what the records can tell apart: a combination formed with the
+        data (``a[group] + b`` for a free ``b``) reads ``a`` and ``b`` apart here.  Computed from
+        the model's structure at two points about its initial point, without the data.
+        """
+        return self.compiled.record_parameter_rank
 
     def initial_point(self) -> np.ndarray:
         """PyMC's initial point of the model, as a flat unconstrained θ."""
@@ -733,6 +755,60 @@ def _record_parameters(
     for block, rv in zip(parameters.blocks, model.free_RVs, strict=True):
         mask[block.start : block.stop] = model.rvs_to_values[rv] in read
     return mask
+
+
+def _likelihood_inputs(
+    terms: list[pt.TensorVariable], value_vars: list[Variable], batch: list[Variable]
+) -> list[Variable]:
+    """The variables of θ alone (no record among their ancestors) that the terms' graph feeds
+    into a computation with the records: what the records' log-likelihood reads of θ."""
+    nodes = list(toposort(terms))
+    reads_records, reads_theta = set(batch), set(value_vars)
+    for node in nodes:
+        if any(i in reads_records for i in node.inputs):
+            reads_records.update(node.outputs)
+        if any(i in reads_theta for i in node.inputs):
+            reads_theta.update(node.outputs)
+    inputs: list[Variable] = []
+    for node in nodes:
+        if not any(o in reads_records for o in node.outputs):
+            continue
+        for i in node.inputs:
+            # Integer inputs of θ alone are shapes, which have no direction to tell apart.
+            if (
+                i in reads_theta and i not in reads_records and i not in inputs
+                and i.type.dtype.startswith("float")
+            ):
+                inputs.append(i)
+    return inputs
+
+
+def _record_parameter_rank(
+    model: pm.Model,
+    parameters: ParameterSpace,
+    terms: list[pt.TensorVariable],
+    batch: list[Variable],
+    record_parameters: np.ndarray,
+    initial_theta: np.ndarray,
+) -> int:
+    """The generic rank of ∂(what the records read of θ)/∂(record parameters): the largest rank
+    at two points about the initial point (one point could sit where the Jacobian happens to
+    lose rank, as at tau = 0).  Reads no data: the records are the graph's inputs, not values."""
+    reads = _likelihood_inputs(terms, model.value_vars, batch)
+    if not reads or not record_parameters.any():
+        return 0
+    read_fn = jaxify(model.value_vars, reads)
+
+    def read(theta: jax.Array) -> jax.Array:
+        return jnp.concatenate([jnp.ravel(v) for v in read_fn(*parameters.unflatten(theta))])
+
+    rng = np.random.default_rng(0)
+    ranks = []
+    for _ in range(2):
+        theta = initial_theta + rng.standard_normal(initial_theta.shape)
+        jacobian = np.asarray(jax.jacfwd(read)(jnp.asarray(theta)))[:, record_parameters]
+        ranks.append(int(np.linalg.matrix_rank(jacobian)))
+    return max(ranks)
 
 
 def _probe_record_axis(compiled: CompiledRecordModel, n_records: int) -> None:

@@ -240,7 +240,7 @@ def test_deterministics_that_read_data_stay_out_of_the_posterior():
 
 def _group_model(centred: bool) -> pm.Model:
     rng = np.random.default_rng(0)
-    group = rng.integers(0, 3, 60)
+    group, x = rng.integers(0, 3, 60), rng.normal(size=60)
     with pm.Model(coords={"group": range(3)}) as model:
         mu_a = pm.Normal("mu_a")
         tau = pm.HalfNormal("tau")
@@ -249,7 +249,7 @@ def _group_model(centred: bool) -> pm.Model:
         else:
             a = mu_a + tau * pm.Normal("z", dims="group")
         w = pm.Normal("w")
-        pm.Normal("y", a[group] + w, 1.0, observed=rng.normal(size=60))
+        pm.Normal("y", a[group] + w * x, 1.0, observed=rng.normal(size=60))
     return model
 
 
@@ -286,6 +286,35 @@ def test_numpy_and_pm_data_observations_give_the_same_loglik(observed_as):
     np.testing.assert_allclose(
         compiled.loglik(theta, compiled.data()), pm.logp(pm.Normal.dist(0.4, 1), y).eval()
     )
+
+
+def test_the_records_read_each_parameter_of_a_centred_hierarchy_apart():
+    compiled = record_model(_group_model(centred=True))
+    assert compiled.record_parameter_rank == compiled.record_parameters.sum() == 4
+
+
+def test_a_non_centred_hierarchy_reads_its_offsets_through_fewer_functions_of_them():
+    # The records read the 3 intercepts mu_a + tau * z and the slope w: 4 functions of the 6
+    # parameters (mu_a, tau, z, w), whatever the data.
+    assert record_model(_group_model(centred=False)).record_parameter_rank == 4
+
+
+def test_a_sum_of_two_parameters_is_one_direction_for_the_records():
+    with pm.Model() as model:
+        a = pm.Normal("a")
+        b = pm.Normal("b")
+        pm.Normal("y", a + b, 1.0, observed=np.zeros(10))
+    assert record_model(model).record_parameter_rank == 1
+
+
+def test_a_regression_with_an_unknown_scale_has_full_record_rank():
+    rng = np.random.default_rng(4)
+    with pm.Model() as model:
+        X = pm.Data("X", rng.normal(size=(30, 3)))
+        w = pm.Normal("w", shape=3)
+        s = pm.HalfNormal("s")
+        pm.Normal("y", X @ w, s, observed=rng.normal(size=30))
+    assert record_model(model).record_parameter_rank == 4
 
 
 # -- one compilation per model structure ----------------------------------------------------------

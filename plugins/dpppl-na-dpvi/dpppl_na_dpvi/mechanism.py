@@ -306,8 +306,13 @@ class NADPVI(Mechanism):
         hierarchy's group mean and scale, which no record reads, by their prior given the group
         effects, and nothing wider than the prior where the privacy noise leaves θ unlocated.
         ``"auto"`` (default): ``"likelihood"`` where the curvature is released
-        (``correlation_prior``) and ``inference="nuts"``, ``"optimum"`` elsewhere; the choice is
-        published as ``postprocessing``.  The likelihood model reads no option of the optimum
+        (``correlation_prior``), ``inference="nuts"`` and the records read each parameter they
+        read apart (:attr:`dpppl.RecordModel.record_parameter_rank`), ``"optimum"`` elsewhere;
+        the choice is published as ``postprocessing``.  A non-centred hierarchy fails the last
+        test: its records read ``mu_a + tau * z``, along whose level sets the likelihood's
+        curvature is not constant, and the likelihood model, which takes it to be, is several
+        times further from calibrated there than the optimum model (``tutorials/RESULTS.md``,
+        stop 52).  The likelihood model reads no option of the optimum
         model (``optimum``, ``optimum_prior``, ``covariance``, ``curvature_prior``,
         ``anchored``, ``subsampling_noise``) and needs NUTS.  Measured in
         ``tutorials/RESULTS.md`` (stop 51).
@@ -396,15 +401,20 @@ class NADPVI(Mechanism):
             }
             return [name for name, set_ in unused.items() if set_]
 
-        def resolved_postprocessing(self, n_params: int, reads_records: bool = True) -> str:
+        def resolved_postprocessing(
+            self, n_params: int, reads_records: bool = True, reads_apart: bool = True
+        ) -> str:
             """How the release is read: with ``"auto"`` by the likelihood model where the
             curvature is released, NUTS runs and no option of the optimum model is set, and by
-            the optimum model elsewhere (or where no parameter is ``reads_records``)."""
+            the optimum model elsewhere, or where no parameter is ``reads_records``, or where
+            the records do not read their parameters apart (``reads_apart``, a record rank
+            below their number)."""
             if self.postprocessing != "auto":
                 return self.postprocessing
             likely = (
                 self.releases_curvature(n_params)
                 and reads_records
+                and reads_apart
                 and not self._optimum_only_options()
             )
             return "likelihood" if likely else "optimum"
@@ -754,8 +764,10 @@ class NADPVI(Mechanism):
 
     def _postprocessing(self, model: RecordModel) -> str:
         """How this model's release is read (:meth:`Options.resolved_postprocessing`)."""
-        reads_records = bool(model.record_parameters.any())
-        return self.options.resolved_postprocessing(model.n_params, reads_records)
+        records = model.record_parameters
+        return self.options.resolved_postprocessing(
+            model.n_params, bool(records.any()), model.record_parameter_rank == records.sum()
+        )
 
     def _read_coordinates(self, model: RecordModel) -> np.ndarray:
         """The coordinates of φ whose trace the noise-aware posterior reads: all of them, or for
@@ -811,6 +823,17 @@ class NADPVI(Mechanism):
                 "more tune steps; a hierarchy written non-centred, mu + tau * z, is better "
                 "written centred, or read with postprocessing='optimum'",
             )
+            records = model.record_parameters
+            if model.record_parameter_rank < records.sum():
+                # Only an explicit postprocessing='likelihood' gets here (auto reads such a
+                # model with the optimum model).
+                messages.append(
+                    f"the records read the model's {records.sum()} parameters they depend on "
+                    f"through {model.record_parameter_rank} functions of them (a non-centred "
+                    "hierarchy's mu + tau * z, say), along whose level sets the likelihood "
+                    "model's constant curvature does not hold, so the posterior may be "
+                    "miscalibrated; write the hierarchy centred or use postprocessing='auto'"
+                )
             attrs = {
                 **schedule.public(),
                 "anchored_steps": o.anchored_steps,

@@ -160,15 +160,14 @@ FAST_MARGINAL_BOUND = 0.13
 KNOWN_FAILURES = {
     "varying intercepts over public groups": (
         "written non-centred (mu_a + tau * z) the group mean, scale and offsets are "
-        "over-confident under either post-processing.  The default likelihood model (stop 51) "
-        "takes the records' log-likelihood as quadratic with a constant curvature F in the "
-        "parameters they read, and in (mu_a, tau, z) it is not: the intercepts are products "
-        "tau * z, and F is singular along the two directions that leave the intercepts fixed.  "
-        "K = 40 reads 0.256 (90 % intervals of mu_a, tau and z hold the truth 28-60 % of the "
-        "time).  The optimum model (postprocessing='optimum') reads 0.071 at K = 200 (90 % "
-        "intervals 0.69-0.76): mean-field q's own failure, over-confident even without privacy "
-        "noise (epsilon = 30: 17-25 %).  Written centred (the next class) the same model is "
-        "calibrated"
+        "over-confident under either post-processing.  The records read mu_a, tau and z only "
+        "through the intercepts mu_a + tau * z (RecordModel.record_parameter_rank, 7 of 9), so "
+        "by default (stop 52) the optimum model reads the release: 0.071 at K = 200 (stop 49; "
+        "90 % intervals 0.69-0.76), mean-field q's own failure, over-confident even without "
+        "privacy noise (epsilon = 30: 17-25 %).  The likelihood model, whose quadratic "
+        "log-likelihood has a constant curvature that the products tau * z do not have, is "
+        "worse (postprocessing='likelihood', K = 40: 0.256).  Written centred (the next class) "
+        "the same model is calibrated"
     ),
 }
 
@@ -176,8 +175,8 @@ KNOWN_FAILURES = {
 @pytest.mark.parametrize("model_class", CLASSES)
 def test_the_noise_aware_posterior_is_calibrated_on_each_model_class(model_class):
     if model_class in KNOWN_FAILURES:
-        # Not run: the class study at 10,000 steps measures the failure plainly (K = 40:
-        # 0.256, tutorials/RESULTS.md, stop 51); the suite does not repeat it at CI size.
+        # Not run: the class study at 10,000 steps measures the failure plainly (K = 200:
+        # 0.071, tutorials/RESULTS.md, stop 49); the suite does not repeat it at CI size.
         pytest.xfail(KNOWN_FAILURES[model_class])
     build, covariates = CLASSES[model_class]
     study = tarp_study(
