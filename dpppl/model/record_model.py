@@ -36,14 +36,6 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors, toposort
-from pytensor.tensor.random.basic import (
-    CauchyRV,
-    LaplaceRV,
-    LogisticRV,
-    LogNormalRV,
-    NormalRV,
-    StudentTRV,
-)
 from pytensor.tensor.random.type import RandomGeneratorType
 
 from dpppl.errors import InvalidDataError, ModelNotSupportedError
@@ -181,7 +173,6 @@ class CompiledRecordModel:
         initial_theta: np.ndarray,
         record_parameters: np.ndarray,
         record_parameter_rank: int,
-        orthogonal_record_parameters: np.ndarray,
         terms_fn: Callable,
         logprior_fn: Callable,
         constrain_fn: Callable,
@@ -189,7 +180,6 @@ class CompiledRecordModel:
         self.parameters = parameters
         self.record_parameters = record_parameters
         self.record_parameter_rank = record_parameter_rank
-        self.orthogonal_record_parameters = orthogonal_record_parameters
         self.records = records
         self.term_names = term_names
         self.constrained_names = list(constrained_names)
@@ -372,9 +362,6 @@ class RecordModel:
                 record_parameter_rank=_record_parameter_rank(
                     model, parameters, terms, list(self._batch_inputs.values()),
                     record_parameters, initial_theta,
-                ),
-                orthogonal_record_parameters=_orthogonal_record_parameters(
-                    model, parameters, structure
                 ),
                 # One function per term, so that the probe can check each term's record axis.
                 terms_fn=jaxify(inputs, terms),
@@ -560,21 +547,6 @@ class RecordModel:
         the model's structure at two points about its initial point, without the data.
         """
         return self.compiled.record_parameter_rank
-
-    @property
-    def orthogonal_record_parameters(self) -> np.ndarray:
-        """Pairs of θ's coordinates (bool, shape (n, n)) whose cross-information in the records'
-        log-likelihood is zero whatever the data: in every record term that reads both, one
-        reaches only the location of an observation from a family symmetric about its location
-        (normal, Student-t, Laplace, logistic, Cauchy, and log-normal in log y), the other only
-        its scale or shape, as the weights and the noise scale of a regression do.
-
-        Such parameters are orthogonal (Cox and Reid, 1987): the log-likelihood's cross second
-        derivative vanishes in expectation, and where the scale is one for every record exactly
-        at the likelihood's maximum.  Read from the model's structure, without the data; a
-        pair either of whose parameters no record reads is not counted here.
-        """
-        return self.compiled.orthogonal_record_parameters.copy()
 
     def initial_point(self) -> np.ndarray:
         """PyMC's initial point of the model, as a flat unconstrained θ."""
@@ -837,51 +809,6 @@ def _record_parameter_rank(
         jacobian = np.asarray(jax.jacfwd(read)(jnp.asarray(theta)))[:, record_parameters]
         ranks.append(int(np.linalg.matrix_rank(jacobian)))
     return max(ranks)
-
-
-#: Families symmetric about their location, so that it is orthogonal to their other parameters:
-#: the index of the location among each one's distribution parameters.
-_SYMMETRIC_LOCATION = {
-    NormalRV: 0, LogNormalRV: 0, LaplaceRV: 0, LogisticRV: 0, CauchyRV: 0, StudentTRV: 1
-}
-
-
-def _orthogonal_record_parameters(
-    model: pm.Model, parameters: ParameterSpace, structure: RecordStructure
-) -> np.ndarray:
-    """:attr:`RecordModel.orthogonal_record_parameters`, from the observed variables' and the
-    record potentials' graphs in the free variables."""
-    free = model.free_RVs
-    position = {rv: k for k, rv in enumerate(free)}
-
-    def read(variables) -> set[int]:
-        found = set(ancestors(list(variables), blockers=free))
-        return {position[rv] for rv in free if rv in found}
-
-    both_read = np.zeros((len(free), len(free)), dtype=bool)
-    apart = np.ones_like(both_read)
-    terms = [(rv, rv.owner.op.dist_params(rv.owner)) for rv in structure.observed]
-    terms += [(potential, None) for potential in structure.record_potentials]
-    for term, params in terms:
-        location = None if params is None else _SYMMETRIC_LOCATION.get(type(term.owner.op))
-        if location is None:
-            # Any family, or a potential: no pair it reads both of is orthogonal.
-            loc, rest = set(), read([term] if params is None else params)
-        else:
-            loc = read([params[location]])
-            rest = read(p for i, p in enumerate(params) if i != location)
-        only_loc, only_rest = loc - rest, rest - loc
-        for a in loc | rest:
-            for b in loc | rest:
-                both_read[a, b] = True
-                apart[a, b] &= (a in only_loc and b in only_rest) or (
-                    b in only_loc and a in only_rest
-                )
-    orthogonal = both_read & apart
-    owner = np.concatenate(
-        [np.full(block.stop - block.start, k) for k, block in enumerate(parameters.blocks)]
-    ).astype(int)
-    return orthogonal[np.ix_(owner, owner)]
 
 
 def _probe_record_axis(compiled: CompiledRecordModel, n_records: int) -> None:

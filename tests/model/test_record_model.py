@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 import pymc as pm
 import pytest
-import scipy.optimize
 
 import dpppl
 import dpppl.model.record_model as record_model_module
@@ -316,93 +315,6 @@ def test_a_regression_with_an_unknown_scale_has_full_record_rank():
         s = pm.HalfNormal("s")
         pm.Normal("y", X @ w, s, observed=rng.normal(size=30))
     assert record_model(model).record_parameter_rank == 4
-
-
-def _orthogonal_pairs(model) -> set[tuple[str, str]]:
-    compiled = record_model(model)
-    labels = compiled.parameters.labels()
-    pairs = np.argwhere(np.triu(compiled.orthogonal_record_parameters))
-    return {(labels[i], labels[j]) for i, j in pairs}
-
-
-def _scale_regression(likelihood="normal", n_records=4000, seed=5):
-    rng = np.random.default_rng(seed)
-    X = rng.multivariate_normal(np.zeros(2), [[1.0, 0.7], [0.7, 1.0]], n_records)
-    with pm.Model() as model:
-        x = pm.Data("X", X)
-        w = pm.Normal("w", shape=2)
-        s = pm.HalfNormal("s")
-        if likelihood == "normal":
-            y = X @ [0.5, -0.3] + 0.4 * rng.normal(size=n_records)
-            pm.Normal("y", x @ w, s, observed=y)
-        else:
-            y = X @ [0.5, -0.3] + 0.4 * rng.standard_t(4, size=n_records)
-            nu = pm.Gamma("nu", 2.0, 0.1)
-            pm.StudentT("y", nu=nu, mu=x @ w, sigma=s, observed=y)
-    return model
-
-
-def test_a_regressions_weights_are_orthogonal_to_its_noise_scale_and_not_to_each_other():
-    assert _orthogonal_pairs(_scale_regression()) == {("w[0]", "s_log__"), ("w[1]", "s_log__")}
-
-
-def test_a_student_t_location_is_orthogonal_to_its_scale_and_degrees_of_freedom():
-    assert _orthogonal_pairs(_scale_regression("student")) == {
-        ("w[0]", "s_log__"), ("w[1]", "s_log__"), ("w[0]", "nu_log__"), ("w[1]", "nu_log__")
-    }
-
-
-def _correlation(information: np.ndarray) -> np.ndarray:
-    diagonal = np.sqrt(np.diag(information))
-    return information / np.outer(diagonal, diagonal)
-
-
-def test_the_records_cross_information_of_orthogonal_parameters_is_zero():
-    # At the maximum likelihood the Hessian's cross terms of the weights with log s vanish
-    # exactly (they are the weights' score), and the empirical Fisher information's within
-    # sampling error (each correlation's sd sqrt(5 / N) = 0.035 for normal noise); the weights'
-    # own correlation is that of the correlated covariates.
-    model = _scale_regression()
-    compiled = record_model(model)
-    batch = {k: jnp.asarray(v) for k, v in compiled.data().items()}
-    loss = jax.jit(lambda theta: -compiled.loglik(theta, batch).sum())
-    fit = scipy.optimize.minimize(
-        loss, np.zeros(3), jac=jax.jit(jax.grad(loss)), method="BFGS", options={"gtol": 1e-9}
-    )
-    theta = jnp.asarray(fit.x)
-    hessian = _correlation(np.asarray(jax.hessian(loss)(theta)))
-    scores = np.asarray(per_example_grad(compiled.loglik)(theta, batch))
-    fisher = _correlation(scores.T @ scores)
-    orthogonal = compiled.orthogonal_record_parameters
-    assert np.all(np.abs(hessian[orthogonal]) < 1e-5)
-    assert np.all(np.abs(fisher[orthogonal]) < 4 * np.sqrt(5 / len(scores)))
-    assert not orthogonal[0, 1] and hessian[0, 1] > 0.5 and fisher[0, 1] > 0.5
-
-
-def test_a_parameter_in_both_the_location_and_the_scale_is_orthogonal_to_nothing():
-    with pm.Model() as model:
-        s = pm.HalfNormal("s")
-        m = pm.Normal("m")
-        pm.Normal("y", m * s, s, observed=np.zeros(10))
-    assert _orthogonal_pairs(model) == set()
-
-
-def test_a_likelihood_not_symmetric_about_its_location_has_no_orthogonal_pairs():
-    with pm.Model() as model:
-        a = pm.HalfNormal("a")
-        b = pm.HalfNormal("b")
-        pm.Gamma("y", alpha=a, beta=b, observed=np.ones(10))
-    assert _orthogonal_pairs(model) == set()
-
-
-def test_a_record_potential_that_reads_both_parameters_breaks_their_orthogonality():
-    with pm.Model() as model:
-        m = pm.Normal("m")
-        s = pm.HalfNormal("s")
-        y = pm.Data("y", np.zeros(10))
-        pm.Normal("obs", m, s, observed=y)
-        pm.Potential("extra", -((y - m) ** 2) * s)
-    assert _orthogonal_pairs(model) == set()
 
 
 # -- one compilation per model structure ----------------------------------------------------------

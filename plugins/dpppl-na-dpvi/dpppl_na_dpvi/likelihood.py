@@ -82,11 +82,7 @@ from dpppl_na_dpvi.postprocess import (
 #: scale and the group intercepts of a centred hierarchy (whose true cross-information is 0),
 #: and through F⁻¹ moved the likelihood's centre by several of its sds: the posterior had two
 #: modes, and 19 % of the fits of the class study (K = 200, ε = 1) divergent transitions; held
-#: at 0, none of the 8 worst fits diverged again (``tutorials/RESULTS.md``).  Orthogonal pairs
-#: (a regression's weights and its noise scale) are held so too: their noisy released
-#: correlations, with a near-singular block of the weights', carried the weights' noise into
-#: the noise scale, a tail of log s several units long, and 13 fits of the unknown-scale class
-#: study (K = 200, ε = 1) divergent transitions; held at 0, none of them diverged (stop 52).
+#: at 0, none of the 8 worst fits diverged again (``tutorials/RESULTS.md``).
 UNOBSERVED_CORRELATION_STD = 0.02
 #: Standard deviation of the prior of each log F_jj around the curvature the mean-field ELBO has
 #: at its trace mean, less the prior's (1/softplus(ū_j) − P_jj): wide, because the u-gradients
@@ -133,7 +129,6 @@ class LikelihoodStatistics(NamedTuple):
         prior_part_gradient: Callable[[np.ndarray], np.ndarray],
         prior_curvature: Callable[[np.ndarray], np.ndarray],
         released_fisher: tuple[np.ndarray, float] | None = None,
-        orthogonal: np.ndarray | None = None,
     ) -> LikelihoodStatistics:
         """Statistics of the pairs (φ_t, g̃_{t+1}) for t = ``start`` … T − 1.
 
@@ -143,10 +138,7 @@ class LikelihoodStatistics(NamedTuple):
         to the gradients of the part of the ELBO that reads no record, and ``prior_curvature``
         φ to its curvature in μ (both public).  ``released_fisher`` is the released empirical
         Fisher information of the records' μ-gradients (n × n) and its noise's standard
-        deviation per entry, or None.  ``orthogonal`` (n × n, bool) marks the pairs of θ's
-        coordinates whose cross-information is zero whatever the data
-        (:attr:`RecordModel.orthogonal_record_parameters`): their correlation of F is held at 0
-        as an unobserved one is, whatever its noisy release says.
+        deviation per entry, or None.
         """
         n = phi.shape[1] // 2
         index = np.flatnonzero(records)
@@ -174,9 +166,6 @@ class LikelihoodStatistics(NamedTuple):
             block = np.asarray(fisher)[np.ix_(index, index)]
             fisher_correlation, fisher_std = released_fisher_correlations(block, fisher_noise)
             unobserved = fisher_std >= UNINFORMATIVE_DEVIATION
-            if orthogonal is not None:
-                rows, cols = np.tril_indices(len(index), -1)
-                unobserved |= np.asarray(orthogonal)[index[rows], index[cols]]
             fisher_correlation = np.where(unobserved, 0.0, fisher_correlation)
             fisher_std = np.where(unobserved, UNOBSERVED_CORRELATION_STD, fisher_std)
             correlation_start = released_correlation_prior(block, fisher_noise)[0]

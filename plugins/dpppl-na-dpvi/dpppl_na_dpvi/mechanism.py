@@ -951,7 +951,6 @@ class NADPVI(Mechanism):
                     released_fisher=(
                         _released_fisher(model, trace, start, settings, grid) if released else None
                     ),
-                    orthogonal=model.orthogonal_record_parameters,
                 )
             )
         structure = LikelihoodStructure(

@@ -18,7 +18,6 @@ import scipy.stats
 import dpppl
 from dpppl.plugin import softplus_inverse
 from dpppl_na_dpvi.likelihood import (
-    UNOBSERVED_CORRELATION_STD,
     LikelihoodStatistics,
     LikelihoodStructure,
     _release_logp,
@@ -186,26 +185,3 @@ def test_through_dpppl_sample_the_posterior_keeps_the_correlation_of_correlated_
     assert np.all(theta.std(axis=0) >= 0.9 * np.sqrt(np.diag(exact))), (
         theta.std(axis=0), np.sqrt(np.diag(exact))
     )
-
-
-def test_the_correlation_of_orthogonal_parameters_is_held_at_zero_whatever_its_release():
-    # Two record parameters, a regression's weight and its noise scale, say: their released
-    # curvature correlates them at 0.8 by noise, and the model's structure says they are
-    # orthogonal.
-    rng = np.random.default_rng(1)
-    phi, grads = rng.normal(size=(201, 4)), rng.normal(size=(200, 4))
-    fisher = np.array([[100.0, 80.0], [80.0, 100.0]])
-
-    def statistics(orthogonal):
-        return LikelihoodStatistics.from_trace(
-            phi, grads, start=0, noise_std=np.ones(4), rate=KAPPA, records=np.array([True, True]),
-            prior_part_gradient=np.zeros_like, prior_curvature=lambda phi: np.eye(2),
-            released_fisher=(fisher, 1.0), orthogonal=orthogonal,
-        )
-
-    read = statistics(None)
-    held = statistics(np.array([[False, True], [True, False]]))
-    assert float(read.fisher_correlation[0]) == pytest.approx(0.8)
-    assert float(read.fisher_correlation_std[0]) < 0.2  # observed: the release is read
-    assert float(held.fisher_correlation[0]) == 0.0
-    assert float(held.fisher_correlation_std[0]) == UNOBSERVED_CORRELATION_STD
