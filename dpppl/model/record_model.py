@@ -807,8 +807,10 @@ def _record_parameter_rank(
     for _ in range(2):
         theta = initial_theta + rng.standard_normal(initial_theta.shape)
         jacobian = np.asarray(jax.jacfwd(read)(jnp.asarray(theta)))[:, record_parameters]
-        ranks.append(int(np.linalg.matrix_rank(jacobian)))
-    return max(ranks)
+        if np.isfinite(jacobian).all():
+            ranks.append(int(np.linalg.matrix_rank(jacobian)))
+    # Where neither point gives a finite Jacobian, nothing is known: count every direction.
+    return max(ranks, default=int(record_parameters.sum()))
 
 
 def _probe_record_axis(compiled: CompiledRecordModel, n_records: int) -> None:
