@@ -769,18 +769,15 @@ def _likelihood_inputs(
             reads_records.update(node.outputs)
         if any(i in reads_theta for i in node.inputs):
             reads_theta.update(node.outputs)
-    inputs: list[Variable] = []
+    inputs: dict[Variable, None] = {}  # ordered, without repeats
     for node in nodes:
         if not any(o in reads_records for o in node.outputs):
             continue
         for i in node.inputs:
             # Integer inputs of θ alone are shapes, which have no direction to tell apart.
-            if (
-                i in reads_theta and i not in reads_records and i not in inputs
-                and i.type.dtype.startswith("float")
-            ):
-                inputs.append(i)
-    return inputs
+            if i in reads_theta and i not in reads_records and i.type.dtype.startswith("float"):
+                inputs[i] = None
+    return list(inputs)
 
 
 def _record_parameter_rank(
@@ -794,8 +791,10 @@ def _record_parameter_rank(
     """The generic rank of ∂(what the records read of θ)/∂(record parameters): the largest rank
     at two points about the initial point (one point could sit where the Jacobian happens to
     lose rank, as at tau = 0).  Reads no data: the records are the graph's inputs, not values."""
+    if not record_parameters.any():
+        return 0
     reads = _likelihood_inputs(terms, model.value_vars, batch)
-    if not reads or not record_parameters.any():
+    if not reads:
         return 0
     read_fn = jaxify(model.value_vars, reads)
 

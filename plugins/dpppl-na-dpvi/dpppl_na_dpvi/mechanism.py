@@ -764,9 +764,8 @@ class NADPVI(Mechanism):
 
     def _postprocessing(self, model: RecordModel) -> str:
         """How this model's release is read (:meth:`Options.resolved_postprocessing`)."""
-        records = model.record_parameters
         return self.options.resolved_postprocessing(
-            model.n_params, bool(records.any()), model.record_parameter_rank == records.sum()
+            model.n_params, bool(model.record_parameters.any()), _reads_apart(model)
         )
 
     def _read_coordinates(self, model: RecordModel) -> np.ndarray:
@@ -823,12 +822,12 @@ class NADPVI(Mechanism):
                 "more tune steps; a hierarchy written non-centred, mu + tau * z, is better "
                 "written centred, or read with postprocessing='optimum'",
             )
-            records = model.record_parameters
-            if model.record_parameter_rank < records.sum():
+            if not _reads_apart(model):
                 # Only an explicit postprocessing='likelihood' gets here (auto reads such a
                 # model with the optimum model).
                 messages.append(
-                    f"the records read the model's {records.sum()} parameters they depend on "
+                    f"the records read the model's {model.record_parameters.sum()} parameters "
+                    "they depend on "
                     f"through {model.record_parameter_rank} functions of them (a non-centred "
                     "hierarchy's mu + tau * z, say), along whose level sets the likelihood "
                     "model's constant curvature does not hold, so the posterior may be "
@@ -1157,6 +1156,12 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
     if post.sample_stats:
         groups["postprocessing_sample_stats"] = _sample_stats_dataset(post.sample_stats, coords)
     return groups
+
+
+def _reads_apart(model: RecordModel) -> bool:
+    """Whether the records read each parameter they read apart from the others
+    (:attr:`RecordModel.record_parameter_rank`), as the likelihood model assumes."""
+    return model.record_parameter_rank == model.record_parameters.sum()
 
 
 def _pair_labels(names: list[str]) -> list[str]:
