@@ -42,8 +42,9 @@ calibrated without it (``tutorials/RESULTS.md``).
 
 NUTS sees the records' coordinates of θ whitened by their conditional posterior given the rest,
 θ_R = θ* + Q^(−½) ε: Q = H + Σ⁻¹ is the likelihood's precision Σ⁻¹ = F(F + W)⁻¹F plus the
-diagonal curvature H of the model's log prior in θ_R at the likelihood's centre
-m = μ̄ − F⁻¹r̄/κ, and θ* = m + Q⁻¹∇ one Newton step from m.  The map is a bijection for each
+diagonal curvature H of the model's log prior in θ_R at the trace's mean μ̄, and θ* one
+Newton step from μ̄ towards the mode of the prior times the likelihood, whose centre is
+m = μ̄ − F⁻¹r̄/κ.  The map is a bijection for each
 (θ_F, F), so the target is unchanged, and where the prior of θ_R given the rest is an
 independent Gaussian (normal priors, a centred hierarchy's group effects) ε is exactly standard
 normal whatever θ_F and F are: no funnel of θ with F along a direction the release leaves weak,
@@ -68,10 +69,10 @@ from dpppl_na_dpvi.postprocess import (
     UNINFORMATIVE_DEVIATION,
     correlation_cholesky,
     correlation_logp,
+    correlation_parameters,
     correlation_scales,
     fitted_prior_curvature,
     lkj_concentration_centre,
-    released_correlation_prior,
     released_fisher_correlations,
     run_nuts,
 )
@@ -110,8 +111,9 @@ class LikelihoodStatistics(NamedTuple):
     prior_v_std: jax.Array
     free_centre: jax.Array  # μ̄ of the coordinates no record reads, where NUTS starts them
     #: The released Fisher correlations of the records' coordinates and their standard
-    #: deviations (:func:`released_fisher_correlations`), and the released prior's centre of y,
-    #: where NUTS starts it; empty without the release or with one record coordinate.
+    #: deviations (:func:`released_fisher_correlations`, those it does not observe at 0), and
+    #: y of the correlation matrix they make, where NUTS starts; empty without the release or
+    #: with one record coordinate.
     fisher_correlation: jax.Array = jnp.zeros(0)
     fisher_correlation_std: jax.Array = jnp.zeros(0)
     correlation_start: jax.Array = jnp.zeros(0)
@@ -168,7 +170,14 @@ class LikelihoodStatistics(NamedTuple):
             unobserved = fisher_std >= UNINFORMATIVE_DEVIATION
             fisher_correlation = np.where(unobserved, 0.0, fisher_correlation)
             fisher_std = np.where(unobserved, UNOBSERVED_CORRELATION_STD, fisher_std)
-            correlation_start = released_correlation_prior(block, fisher_noise)[0]
+            # NUTS starts R at the correlations the model is given, those not observed at 0:
+            # started at the released values, pure noise at ε = 0.1 (canonical partial
+            # correlations to ±0.85 where the model holds them within 0.02 of 0), a chain's
+            # warm-up shrank its step size to 10⁻⁴ and left R singular (``tutorials/RESULTS.md``).
+            rows, cols = np.tril_indices(len(index), -1)
+            held = np.eye(len(index))
+            held[rows, cols] = held[cols, rows] = fisher_correlation
+            correlation_start = correlation_parameters(held)
         return cls(
             count=jnp.asarray(float(len(x))),
             centre=jnp.asarray(centre),
@@ -323,15 +332,22 @@ class LikelihoodTarget:
         def logprior_r(theta_r):
             return self.logprior(base.at[structure.record_index].set(theta_r))
 
-        gradient = jax.grad(logprior_r)(centre)
+        precision = half.T @ half
+        # The Newton step starts at the trace's mean μ̄, not at the likelihood's centre m: where
+        # the release says little of a coordinate (log σ² of the 10-D regression at ε = 0.1,
+        # W/F ≈ 500), m = μ̄ − F⁻¹r̄/κ lies many prior sds away for a small F, the prior's
+        # curvature there is near 0, and a step from m fell short: ε had to reach 30 to bring θ
+        # back to where the prior holds it, a ridge on which 9 of 20 fits diverged (none from μ̄).
+        start = stats.centre
+        gradient = jax.grad(logprior_r)(start) - precision @ (start - centre)
         # The prior's curvature coordinate by coordinate, floored at 0: exact for independent
         # priors and for group effects given their group's mean and scale, and a precision
         # whatever the prior (an eigenvalue floor of the whole matrix has no derivative where
         # eigenvalues repeat, as a hierarchy's do).
-        curvature = jnp.maximum(-jnp.diagonal(jax.hessian(logprior_r)(centre)), 0.0)
-        chol_q = jnp.linalg.cholesky(jnp.diag(curvature) + half.T @ half)
+        curvature = jnp.maximum(-jnp.diagonal(jax.hessian(logprior_r)(start)), 0.0)
+        chol_q = jnp.linalg.cholesky(jnp.diag(curvature) + precision)
         newton = jax.scipy.linalg.cho_solve((chol_q, True), gradient)
-        theta_r = centre + newton + jax.scipy.linalg.solve_triangular(chol_q.T, eps, lower=False)
+        theta_r = start + newton + jax.scipy.linalg.solve_triangular(chol_q.T, eps, lower=False)
         log_jacobian = -jnp.sum(jnp.log(jnp.diagonal(chol_q)))
         return base.at[structure.record_index].set(theta_r), information, log_jacobian
 

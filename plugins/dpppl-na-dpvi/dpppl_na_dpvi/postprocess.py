@@ -246,7 +246,14 @@ def _fisher_correlation(fisher: np.ndarray) -> np.ndarray:
 
 def _released_correlations(fisher: np.ndarray) -> np.ndarray:
     """y = atanh(z) of the centre of :func:`released_correlation_prior`."""
-    correlation = _floor_eigenvalues(_fisher_correlation(fisher), RELEASED_CORRELATION_FLOOR)
+    return correlation_parameters(_fisher_correlation(fisher))
+
+
+def correlation_parameters(correlation: np.ndarray) -> np.ndarray:
+    """y = atanh(z) (:func:`correlation_cholesky`) of a symmetric matrix with unit diagonal,
+    its eigenvalues first raised to ``RELEASED_CORRELATION_FLOOR`` so that noise which made it
+    indefinite, or singular, leaves a correlation matrix with finite y."""
+    correlation = _floor_eigenvalues(correlation, RELEASED_CORRELATION_FLOOR)
     root = np.sqrt(np.diagonal(correlation))
     return np.arctanh(partial_correlations(correlation / np.outer(root, root)))
 
@@ -531,6 +538,25 @@ def unpack(params: jax.Array, d: int, n_corr: int, n_rho: int = 0) -> tuple[jax.
     return tuple(params[part] for part in _layout(d, n_corr, n_rho))
 
 
+def log_sech_squared(y: jax.Array) -> jax.Array:
+    """log(1 − tanh(y)²) = 2 log sech(y), to full relative precision for every y.
+
+    For |y| ≥ 1 it is 2 (log 2 − |y| − log(1 + e^(−2|y|))), where 1 − tanh(y)² underflows; for
+    small |y| that form is a difference of numbers near log 2 that should give −y², so it carries
+    an absolute error of 10⁻¹⁶, which LKJ(η) multiplies by η: at η ≈ 10¹⁵ the density was rough
+    at that scale and NUTS's step size fell to 10⁻¹².  There log1p(−tanh(y)²) is exact.
+    """
+    magnitude = jnp.abs(y)
+    # Each form sees only the y it is used for, so neither's gradient is NaN.
+    near = jnp.where(magnitude < 1, y, 0.0)
+    far = jnp.where(magnitude < 1, 1.0, magnitude)
+    return jnp.where(
+        magnitude < 1,
+        jnp.log1p(-jnp.tanh(near) ** 2),
+        2 * (np.log(2.0) - far - jnp.log1p(jnp.exp(-2 * far))),
+    )
+
+
 def correlation_cholesky(y: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
     """Cholesky factor of a correlation matrix from unconstrained y, and log|Jacobian|.
 
@@ -541,8 +567,7 @@ def correlation_cholesky(y: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
     the Laplace fit's Hessian for 5 minutes at 12 parameters.
     """
     rows, cols = np.tril_indices(n, -1)
-    # log(1 − tanh(y)²) = 2 log sech(y), stable for large |y|.
-    log_one_minus_z2 = 2 * (np.log(2.0) - jnp.abs(y) - jnp.logaddexp(0.0, -2 * jnp.abs(y)))
+    log_one_minus_z2 = log_sech_squared(y)
     log_terms = jnp.zeros((n, n)).at[rows, cols].set(log_one_minus_z2)
     # log of the squared length left for entry (i, j) after the entries before it in row i.
     log_remaining = (jnp.cumsum(log_terms, axis=1) - log_terms)[rows, cols]
@@ -570,9 +595,9 @@ def partial_correlation_logp(
     probability ``slab``.  With ``slab`` = 0 this is the LKJ(η) density of R, normalised."""
     _, cols = np.tril_indices(n, -1)
     b = eta + (n - 2 - cols) / 2
-    # log(1 − tanh(y)²) = 2 log sech(y), stable for large |y|; (1 − z²) is also dz/dy.
-    log_one_minus_z2 = 2 * (np.log(2.0) - jnp.abs(y) - jnp.logaddexp(0.0, -2 * jnp.abs(y)))
-    spike = b * log_one_minus_z2 - (2 * b - 1) * np.log(2.0) - jax.scipy.special.betaln(b, b)
+    # (1 − z²) is also dz/dy.
+    log_one_minus_z2 = log_sech_squared(y)
+    spike = b * log_one_minus_z2 + _symmetric_beta_log_normaliser(b)
     uniform = log_one_minus_z2 - np.log(2.0)
     # Where slab = 0 the second term is −inf and logaddexp returns the spike, gradient included.
     return jnp.sum(jnp.logaddexp(jnp.log1p(-slab) + spike, jnp.log(slab) + uniform))
@@ -671,6 +696,30 @@ def _noise_and_prior(
         variance = variance + sub**2
         log_prior = log_prior - 0.5 * jnp.sum((sub / stats.subsampling_scale) ** 2)
     return variance, log_prior
+
+
+#: Shape past which :func:`_symmetric_beta_log_normaliser` takes its asymptotic series, whose
+#: first omitted term is below 10⁻¹¹ there.
+ASYMPTOTIC_BETA_SHAPE = 100.0
+
+
+def _symmetric_beta_log_normaliser(b: jax.Array) -> jax.Array:
+    """−(2b − 1) log 2 − log B(b, b), the log normaliser of z = 2x − 1 for x ~ Beta(b, b).
+
+    By Legendre's duplication formula it is log Γ(b + ½) − log Γ(b) − ½ log π.  Written as a
+    difference of log-gamma values it cancels catastrophically for large b: at η ≈ 10¹⁴, which
+    a warm-up trajectory reached where the release holds every correlation near 0, the density
+    moved by 10 between points 10⁻⁹ apart in log η and NUTS's step size fell to 10⁻¹³.  Past
+    ``ASYMPTOTIC_BETA_SHAPE`` the ratio's asymptotic series is used instead.
+    """
+    # Each branch sees only the shapes it is used for (jnp.where, unlike jnp.minimum, passes
+    # the whole gradient at the threshold itself).
+    asymptotic = b > ASYMPTOTIC_BETA_SHAPE
+    large = jnp.where(asymptotic, b, ASYMPTOTIC_BETA_SHAPE)
+    series = 0.5 * jnp.log(large) - 1 / (8 * large) + 1 / (192 * large**3)
+    small = jnp.where(asymptotic, ASYMPTOTIC_BETA_SHAPE, b)
+    exact = jax.scipy.special.gammaln(small + 0.5) - jax.scipy.special.gammaln(small)
+    return jnp.where(asymptotic, series, exact) - 0.5 * np.log(np.pi)
 
 
 def correlation_logp(

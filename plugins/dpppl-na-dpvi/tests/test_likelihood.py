@@ -20,9 +20,11 @@ from dpppl.plugin import softplus_inverse
 from dpppl_na_dpvi.likelihood import (
     LikelihoodStatistics,
     LikelihoodStructure,
+    LikelihoodTarget,
     _release_logp,
     sample_likelihood,
 )
+from dpppl_na_dpvi.postprocess import correlation_cholesky
 
 KAPPA = 0.1
 
@@ -185,3 +187,54 @@ def test_through_dpppl_sample_the_posterior_keeps_the_correlation_of_correlated_
     assert np.all(theta.std(axis=0) >= 0.9 * np.sqrt(np.diag(exact))), (
         theta.std(axis=0), np.sqrt(np.diag(exact))
     )
+
+
+def test_the_whitening_centres_theta_at_its_mode_where_the_release_barely_locates_it():
+    # A log-scale coordinate: prior log p(θ) = −a θ − a e^(−θ) (mode 0, sd 1/√a), whose
+    # curvature vanishes far to the right, and privacy noise that leaves the records' centre
+    # uncertain by several prior sds.  For a small F the likelihood's centre m = μ̄ − r̄/(κF)
+    # lies far off, where a Newton step taken from m falls short; ε = 0 must map to within a
+    # conditional sd of the conditional mode of θ given F, for every F the posterior visits.
+    a = 20.0
+    world = GaussianWorld(information=400.0, prior_sd=a**-0.5, noise=(3000.0, 0.05))
+    # Rates bounded by the noise, as NA-DPVI's are: the trace stays near where it started.
+    phi, grads = world.release(np.random.default_rng(5), theta_hat=0.05, rate=3e-6)
+    stats = world.statistics(phi, grads)
+
+    def logprior(theta):
+        return jnp.sum(-a * theta - a * jnp.exp(-theta))
+
+    target = LikelihoodTarget(STRUCTURE, logprior)
+    grid = jnp.linspace(-3.0, 3.0, 60001)
+    for log_information in np.log(400.0) + np.array([-3.0, -1.5, 0.0, 1.0]):
+        information = jnp.array([[np.exp(log_information)]])
+        log_post = jax.vmap(
+            lambda t: logprior(t[None]) + _release_logp(t[None], information, stats)
+        )(grid)
+        weights = np.exp(np.asarray(log_post) - float(log_post.max()))
+        mode = float(grid[np.argmax(weights)])
+        sd = np.sqrt(np.average((np.asarray(grid) - mode) ** 2, weights=weights))
+        params = jnp.array([0.0, log_information])
+        theta, _, _ = target._theta(params, stats)
+        assert abs(float(theta[0]) - mode) < sd, (log_information, float(theta[0]), mode, sd)
+
+
+def test_nuts_starts_the_correlations_the_release_does_not_observe_at_zero():
+    # Three record coordinates; the third's released information is below three noise sds, so
+    # its correlations are held at 0, and the released correlation of the first two is kept.
+    # The start must be the correlation matrix the model is given, not the released values.
+    rng = np.random.default_rng(6)
+    n, steps = 3, 200
+    phi = rng.normal(0.0, 0.01, (steps + 1, 2 * n))
+    fisher = np.array([[1e4, 5e3, 9.0], [5e3, 1e4, -8.0], [9.0, -8.0, 20.0]])
+    stats = LikelihoodStatistics.from_trace(
+        phi, rng.normal(size=(steps, 2 * n)), start=0, noise_std=np.ones(2 * n), rate=KAPPA,
+        records=np.ones(n, dtype=bool),
+        prior_part_gradient=lambda phis: np.zeros_like(phis),
+        prior_curvature=lambda phi: np.eye(n),
+        released_fisher=(fisher, 10.0),
+    )
+    np.testing.assert_allclose(stats.fisher_correlation, [0.5, 0.0, 0.0])
+    chol, _ = correlation_cholesky(stats.correlation_start, n)
+    np.testing.assert_allclose(np.asarray(chol @ chol.T), [[1, 0.5, 0], [0.5, 1, 0], [0, 0, 1]],
+                               atol=1e-12)

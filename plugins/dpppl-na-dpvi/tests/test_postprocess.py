@@ -23,6 +23,7 @@ from dpppl_na_dpvi.postprocess import (
     initial_position,
     laplace_convergence,
     log_density,
+    log_sech_squared,
     partial_correlation_logp,
     partial_correlations,
     released_correlation_prior,
@@ -293,6 +294,39 @@ def test_without_a_slab_the_correlation_prior_is_the_normalised_lkj_density(eta)
                                rtol=1e-9)
     np.testing.assert_allclose(float(jnp.sum(ours * w / np.prod(1 - z**2, axis=1))), 1.0,
                                rtol=1e-5)
+
+
+def test_log_one_minus_tanh_squared_keeps_its_relative_precision_near_zero_and_far_out():
+    """LKJ(η) multiplies log(1 − z²) by η, so an absolute error of 10⁻¹⁶ at small y (where the
+    value is −y²) is a rough density at large η: the value must be right relative to itself."""
+    y = np.array([1e-9, 1e-5, 0.3, 0.999, 1.0, 1.001, 5.0, 30.0, 400.0])
+    # log(1 − tanh²y) = −2 log cosh y = −y² + y⁴/6 − … near 0, and −2|y| + 2 log 2 − 2 log1p(e^(−2|y|)) far out.
+    reference = np.where(
+        y < 1e-3, -(y**2) + y**4 / 6, -2 * np.log(np.cosh(np.minimum(y, 300.0)))
+    )
+    reference[-1] = -2 * 400.0 + 2 * np.log(2.0)
+    np.testing.assert_allclose(np.asarray(log_sech_squared(jnp.asarray(y))), reference, rtol=1e-13)
+    np.testing.assert_allclose(
+        np.asarray(jax.vmap(jax.grad(log_sech_squared))(jnp.asarray(y))), -2 * np.tanh(y),
+        rtol=1e-12,
+    )
+
+
+@pytest.mark.parametrize("log_eta", [5.0, 20.0, 32.0])
+def test_the_correlation_prior_is_smooth_in_eta_however_large_eta_grows(log_eta):
+    """A warm-up trajectory reached η ≈ 10¹⁴ where the release held every correlation near 0:
+    the density must still change by its derivative's amount over a step of 10⁻⁹ in log η (it
+    jumped by 12 there, and NUTS's step size fell to 10⁻¹³)."""
+    y = jnp.full(66, 3e-7)
+
+    def logp(r):
+        return partial_correlation_logp(y, 12, 1 + jnp.exp(r))
+
+    step = 1e-9
+    slope = float(jax.grad(logp)(jnp.asarray(log_eta)))
+    change = float(logp(jnp.asarray(log_eta + step)) - logp(jnp.asarray(log_eta)))
+    assert np.isfinite(slope)
+    assert abs(change - slope * step) < 1e-6
 
 
 def test_the_slab_keeps_the_prior_normalised_and_only_widens_the_entries_it_is_given_to():
