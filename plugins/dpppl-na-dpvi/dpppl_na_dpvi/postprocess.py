@@ -709,7 +709,7 @@ def _symmetric_beta_log_normaliser(b: jax.Array) -> jax.Array:
     By Legendre's duplication formula it is log Γ(b + ½) − log Γ(b) − ½ log π.  Written as a
     difference of log-gamma values it cancels catastrophically for large b: at η ≈ 10¹⁴, which
     a warm-up trajectory reached where the release holds every correlation near 0, the density
-    moved by 10 between points 10⁻⁹ apart in log η and NUTS's step size fell to 10⁻¹³.  Past
+    moved by 12 between points 10⁻⁹ apart in log η and NUTS's step size fell to 10⁻¹³.  Past
     ``ASYMPTOTIC_BETA_SHAPE`` the ratio's asymptotic series is used instead.
     """
     # Each branch sees only the shapes it is used for (jnp.where, unlike jnp.minimum, passes
