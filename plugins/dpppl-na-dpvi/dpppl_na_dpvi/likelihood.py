@@ -42,9 +42,9 @@ calibrated without it (``tutorials/RESULTS.md``).
 
 NUTS sees the records' coordinates of θ whitened by their conditional posterior given the rest,
 θ_R = θ* + Q^(−½) ε: Q = H + Σ⁻¹ is the likelihood's precision Σ⁻¹ = F(F + W)⁻¹F plus the
-diagonal curvature H of the model's log prior in θ_R at the trace's mean μ̄, and θ* one
-Newton step from μ̄ towards the mode of the prior times the likelihood, whose centre is
-m = μ̄ − F⁻¹r̄/κ.  The map is a bijection for each
+diagonal curvature H of the model's log prior in θ_R, the larger of its values at the trace's
+mean μ̄ and at the model's initial point, and θ* one Newton step from μ̄ towards the mode of the
+prior times the likelihood, whose centre is m = μ̄ − F⁻¹r̄/κ.  The map is a bijection for each
 (θ_F, F), so the target is unchanged, and where the prior of θ_R given the rest is an
 independent Gaussian (normal priors, a centred hierarchy's group effects) ε is exactly standard
 normal whatever θ_F and F are: no funnel of θ with F along a direction the release leaves weak,
@@ -110,6 +110,7 @@ class LikelihoodStatistics(NamedTuple):
     prior_v_mean: jax.Array  # centre of log diag(F)'s prior, (r,)
     prior_v_std: jax.Array
     free_centre: jax.Array  # μ̄ of the coordinates no record reads, where NUTS starts them
+    prior_point: jax.Array  # the model's initial point, (r,): where its prior is typical
     #: The released Fisher correlations of the records' coordinates and their standard
     #: deviations (:func:`released_fisher_correlations`, those it does not observe at 0), and
     #: y of the correlation matrix they make, where NUTS starts; empty without the release or
@@ -130,6 +131,7 @@ class LikelihoodStatistics(NamedTuple):
         records: np.ndarray,
         prior_part_gradient: Callable[[np.ndarray], np.ndarray],
         prior_curvature: Callable[[np.ndarray], np.ndarray],
+        prior_point: np.ndarray,
         released_fisher: tuple[np.ndarray, float] | None = None,
     ) -> LikelihoodStatistics:
         """Statistics of the pairs (φ_t, g̃_{t+1}) for t = ``start`` … T − 1.
@@ -138,7 +140,8 @@ class LikelihoodStatistics(NamedTuple):
         ``records`` the mask of θ's coordinates the records read
         (:attr:`RecordModel.record_parameters`), ``prior_part_gradient`` maps iterates (m, 2n)
         to the gradients of the part of the ELBO that reads no record, and ``prior_curvature``
-        φ to its curvature in μ (both public).  ``released_fisher`` is the released empirical
+        φ to its curvature in μ (both public); ``prior_point`` is θ (n,) where the model's prior
+        is typical, its initial point (public too).  ``released_fisher`` is the released empirical
         Fisher information of the records' μ-gradients (n × n) and its noise's standard
         deviation per entry, or None.
         """
@@ -193,6 +196,7 @@ class LikelihoodStatistics(NamedTuple):
             prior_v_mean=jnp.asarray(v_mean),
             prior_v_std=jnp.full(len(index), INFORMATION_PRIOR_WIDTH),
             free_centre=jnp.asarray(phi_bar[:n][~np.asarray(records, dtype=bool)]),
+            prior_point=jnp.asarray(np.asarray(prior_point, dtype=float)[index]),
             fisher_correlation=jnp.asarray(fisher_correlation),
             fisher_correlation_std=jnp.asarray(fisher_std),
             correlation_start=jnp.asarray(correlation_start),
@@ -343,8 +347,17 @@ class LikelihoodTarget:
         # The prior's curvature coordinate by coordinate, floored at 0: exact for independent
         # priors and for group effects given their group's mean and scale, and a precision
         # whatever the prior (an eigenvalue floor of the whole matrix has no derivative where
-        # eigenvalues repeat, as a hierarchy's do).
-        curvature = jnp.maximum(-jnp.diagonal(jax.hessian(logprior_r)(start)), 0.0)
+        # eigenvalues repeat, as a hierarchy's do).  It is the larger of its values at μ̄ and at
+        # the model's initial point.  At μ̄ alone it fails where the data put θ in a tail of its
+        # prior and F leaves a direction to that prior: a small noise scale, log s = −3.3 under
+        # s ~ HalfNormal(1), has curvature 0.003 there against 2 at log s = 0, so the whitening
+        # stretched one unit of ε over 19 units of log s, where the posterior's tail towards
+        # the prior is about one wide and steep beyond it (s²/2): 11 of 12 replays of the
+        # unknown-scale class's divergent fits diverged, none with the floor
+        # (``tutorials/RESULTS.md``, stop 54).
+        points = jnp.stack([start, stats.prior_point])
+        hessians = jax.vmap(jax.hessian(logprior_r))(points)
+        curvature = jnp.maximum(jnp.max(-jnp.diagonal(hessians, axis1=1, axis2=2), axis=0), 0.0)
         chol_q = jnp.linalg.cholesky(jnp.diag(curvature) + precision)
         newton = jax.scipy.linalg.cho_solve((chol_q, True), gradient)
         theta_r = start + newton + jax.scipy.linalg.solve_triangular(chol_q.T, eps, lower=False)

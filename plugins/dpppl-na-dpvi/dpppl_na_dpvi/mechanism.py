@@ -934,6 +934,7 @@ class NADPVI(Mechanism):
         records = model.record_parameters
         prior_part = _prior_part_gradient(model)
         prior_curvature = _prior_curvature(model)
+        prior_point = model.initial_point()
         stats = []
         for trace, start, settings in zip(traces, starts, finals, strict=True):
             beta = np.asarray(settings.preconditioner)
@@ -947,6 +948,7 @@ class NADPVI(Mechanism):
                     records=records,
                     prior_part_gradient=prior_part,
                     prior_curvature=prior_curvature,
+                    prior_point=prior_point,
                     released_fisher=(
                         _released_fisher(model, trace, start, settings, grid) if released else None
                     ),

@@ -81,6 +81,7 @@ class GaussianWorld:
             records=np.array([True]),
             prior_part_gradient=self.prior_part_gradient,
             prior_curvature=lambda phi: np.array([[self.prior_sd**-2.0]]),
+            prior_point=np.zeros(1),
         )
 
     def exact_posterior(self, stats):
@@ -232,9 +233,39 @@ def test_nuts_starts_the_correlations_the_release_does_not_observe_at_zero():
         records=np.ones(n, dtype=bool),
         prior_part_gradient=lambda phis: np.zeros_like(phis),
         prior_curvature=lambda phi: np.eye(n),
+        prior_point=np.zeros(n),
         released_fisher=(fisher, 10.0),
     )
     np.testing.assert_allclose(stats.fisher_correlation, [0.5, 0.0, 0.0])
     chol, _ = correlation_cholesky(stats.correlation_start, n)
     np.testing.assert_allclose(np.asarray(chol @ chol.T), [[1, 0.5, 0], [0.5, 1, 0], [0, 0, 1]],
                                atol=1e-12)
+
+
+def test_the_whitening_is_as_narrow_as_the_prior_where_the_data_sit_in_its_tail():
+    # A noise scale: θ = log s under s ~ HalfNormal(1), log p(θ) = θ − e^(2θ)/2, whose curvature
+    # 2e^(2θ) is 0.003 where the data put θ (−3.3) and 2 at the model's initial point (0).  Where
+    # F leaves θ to its prior, the posterior given F is about one wide; the map's scale ∂θ/∂ε
+    # must be within a factor of 3 of the conditional sd of θ given F for every F, from one
+    # that locates θ to one that leaves it to the prior.  Read at μ̄ alone the curvature made it
+    # 19, and NUTS diverged where the posterior's tail meets the prior's steep side.
+    world = GaussianWorld(information=2000.0, prior_sd=1.0, noise=(3000.0, 0.05))
+    phi, grads = world.release(np.random.default_rng(7), theta_hat=-3.3, rate=3e-6)
+    stats = world.statistics(phi, grads)
+
+    def logprior(theta):
+        return jnp.sum(theta - 0.5 * jnp.exp(2 * theta))
+
+    target = LikelihoodTarget(STRUCTURE, logprior)
+    grid = jnp.linspace(-8.0, 3.0, 110001)
+    for log_information in np.log(2000.0) + np.array([-16.0, -10.0, -6.0, -3.0, 0.0, 1.0]):
+        information = jnp.array([[np.exp(log_information)]])
+        log_post = jax.vmap(
+            lambda t: logprior(t[None]) + _release_logp(t[None], information, stats)
+        )(grid)
+        weights = np.exp(np.asarray(log_post) - float(log_post.max()))
+        mean = np.average(np.asarray(grid), weights=weights)
+        sd = np.sqrt(np.average((np.asarray(grid) - mean) ** 2, weights=weights))
+        scale = jax.jacfwd(lambda e: target._theta(jnp.array([e, log_information]), stats)[0][0])
+        ratio = float(scale(0.0)) / sd
+        assert 1 / 3 < ratio < 3, (log_information, ratio, sd)
