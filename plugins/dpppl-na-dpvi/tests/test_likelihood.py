@@ -101,6 +101,15 @@ def cache():
     return lambda key, factory: store[key] if key in store else store.setdefault(key, factory())
 
 
+def grid_posterior(logprior, information, stats, grid):
+    """Unnormalised weights of θ's posterior given F on ``grid``: the prior times the release."""
+    information = jnp.array([[information]])
+    log_post = jax.vmap(lambda t: logprior(t[None]) + _release_logp(t[None], information, stats))(
+        grid
+    )
+    return np.exp(np.asarray(log_post) - float(log_post.max()))
+
+
 def test_the_release_density_is_the_trace_likelihood_with_the_centre_integrated_out():
     # Brute force on a grid of θ̂: Σ_t log N(r_t; κF(μ_t − θ̂), V) + the u-gradients' terms +
     # log N(θ̂; θ, 1/F), integrated over θ̂ by quadrature, against the closed form, for several
@@ -208,11 +217,7 @@ def test_the_whitening_centres_theta_at_its_mode_where_the_release_barely_locate
     target = LikelihoodTarget(STRUCTURE, logprior)
     grid = jnp.linspace(-3.0, 3.0, 60001)
     for log_information in np.log(400.0) + np.array([-3.0, -1.5, 0.0, 1.0]):
-        information = jnp.array([[np.exp(log_information)]])
-        log_post = jax.vmap(
-            lambda t: logprior(t[None]) + _release_logp(t[None], information, stats)
-        )(grid)
-        weights = np.exp(np.asarray(log_post) - float(log_post.max()))
+        weights = grid_posterior(logprior, np.exp(log_information), stats, grid)
         mode = float(grid[np.argmax(weights)])
         sd = np.sqrt(np.average((np.asarray(grid) - mode) ** 2, weights=weights))
         params = jnp.array([0.0, log_information])
@@ -259,11 +264,7 @@ def test_the_whitening_is_as_narrow_as_the_prior_where_the_data_sit_in_its_tail(
     target = LikelihoodTarget(STRUCTURE, logprior)
     grid = jnp.linspace(-8.0, 3.0, 110001)
     for log_information in np.log(2000.0) + np.array([-16.0, -10.0, -6.0, -3.0, 0.0, 1.0]):
-        information = jnp.array([[np.exp(log_information)]])
-        log_post = jax.vmap(
-            lambda t: logprior(t[None]) + _release_logp(t[None], information, stats)
-        )(grid)
-        weights = np.exp(np.asarray(log_post) - float(log_post.max()))
+        weights = grid_posterior(logprior, np.exp(log_information), stats, grid)
         mean = np.average(np.asarray(grid), weights=weights)
         sd = np.sqrt(np.average((np.asarray(grid) - mean) ** 2, weights=weights))
         scale = jax.jacfwd(lambda e: target._theta(jnp.array([e, log_information]), stats)[0][0])
