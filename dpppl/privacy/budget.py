@@ -4,6 +4,7 @@ total-variation distance costs in δ."""
 from __future__ import annotations
 
 import math
+import sys
 
 from dpppl.errors import InvalidPrivacyParameterError
 
@@ -41,11 +42,24 @@ def check_epsilon_delta(epsilon: float, delta: float) -> tuple[float, float]:
     return epsilon, delta
 
 
+#: log of the largest float: e^x overflows above it.
+LOG_FLOAT_MAX = math.log(sys.float_info.max)
+
+
 def total_variation_delta(epsilon: float, variation: float) -> float:
     """The δ that a total-variation distance costs at ε.
 
     A mechanism within total variation η of an (ε, δ')-DP one is (ε, δ' + (1 + e^ε)·η)-DP: batches
     truncated to a fixed shape, or discrete noise standing in for continuous noise, are charged
-    this way.
+    this way.  Where e^ε overflows a float (ε above about 709) a positive η costs an infinite δ,
+    which no target covers.
     """
-    return (1 + math.exp(epsilon)) * variation
+    if variation == 0:
+        return 0.0
+    log_cost = log_total_variation_delta(epsilon, variation)
+    return math.exp(log_cost) if log_cost < LOG_FLOAT_MAX else math.inf
+
+
+def log_total_variation_delta(epsilon: float, variation: float) -> float:
+    """log of :func:`total_variation_delta` for η > 0, finite however large ε is."""
+    return epsilon + math.log1p(math.exp(-epsilon)) + math.log(variation)

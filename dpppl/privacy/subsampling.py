@@ -22,7 +22,7 @@ import numpy as np
 from scipy import stats
 
 import dpppl.model.jax_compile  # noqa: F401  (64-bit integers: the draws and thresholds are uint64)
-from dpppl.privacy.budget import total_variation_delta
+from dpppl.privacy.budget import log_total_variation_delta, total_variation_delta
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class PoissonSampler:
         delta_share: float = 1e-4,
     ) -> PoissonSampler:
         """A sampler whose truncation costs at most ``delta_share * delta`` over ``steps`` steps."""
-        log_budget = math.log(delta_share * delta) - math.log(total_variation_delta(epsilon, steps))
+        log_budget = math.log(delta_share * delta) - log_total_variation_delta(epsilon, steps)
         capacity = _binomial_tail_quantile(log_budget, n_records, rate)
         overflow = float(stats.binom.sf(capacity, n_records, rate))
         return cls(n_records, rate, capacity, overflow)

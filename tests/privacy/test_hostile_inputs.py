@@ -233,3 +233,11 @@ def test_a_tiny_epsilon_is_met_by_more_noise_never_by_overshooting(regression):
     result = sample(regression, ledger, epsilon=epsilon)
     assert 0 < result.attrs["dp_epsilon"] <= epsilon
     assert result.attrs["dp_noise_multiplier"] > 1
+
+
+@pytest.mark.parametrize("epsilon", [1e3, 1e300])
+def test_an_epsilon_too_large_to_account_is_refused_with_the_reason(regression, epsilon):
+    # (1 + e^ε)·η, what a truncated batch costs in δ, overflows a float above ε ≈ 709: the
+    # refusal names it instead of an OverflowError escaping from the arithmetic.
+    with pytest.raises(InvalidPrivacyParameterError, match="does not cover"):
+        sample(regression, None, epsilon=epsilon)
