@@ -33,12 +33,12 @@ squares of r_t − r̄ on κF(μ_t − μ̄).  The posterior of θ is then that 
 p(θ), exactly, hierarchy and all; θ's coordinates that no record reads (a centred hierarchy's
 group mean and scale, :attr:`RecordModel.record_parameters`) are held by the prior alone.
 
-NUTS samples θ, F's log-diagonal v and its correlations y together.  The released correlations
-observe the correlations; those the release cannot observe are held at 0
-(:data:`UNOBSERVED_CORRELATION_STD`).  Each observed one has LKJ(η)'s prior with η learned, as in
-the optimum model, or with probability :data:`~dpppl_na_dpvi.postprocess.CORRELATION_SLAB_WEIGHT`
-LKJ(1)'s (:data:`SLAB_CONCENTRATION`), so that one strong correlation is not shrunk with the
-many weak ones.
+NUTS samples θ, F's log-diagonal v and its correlations y together.  The correlations have
+LKJ(η)'s prior with η learned, as in the optimum model, and the released correlations observe
+them; those the release cannot observe are held at 0 (:data:`UNOBSERVED_CORRELATION_STD`).
+The optimum model's spike-and-slab prior is left out: it let noisy released correlations of a
+noise scale with group intercepts reach ±0.8, which here moves θ, and the demo's model is
+calibrated without it (``tutorials/RESULTS.md``).
 
 NUTS sees the records' coordinates of θ whitened by their conditional posterior given the rest,
 θ_R = θ* + Q^(−½) ε: Q = H + Σ⁻¹ is the likelihood's precision Σ⁻¹ = F(F + W)⁻¹F plus the
@@ -65,7 +65,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpppl_na_dpvi.postprocess import (
-    CORRELATION_SLAB_WEIGHT,
     TARGET_ACCEPT,
     UNINFORMATIVE_DEVIATION,
     correlation_cholesky,
@@ -90,22 +89,6 @@ UNOBSERVED_CORRELATION_STD = 0.02
 #: at its trace mean, less the prior's (1/softplus(ū_j) − P_jj): wide, because the u-gradients
 #: observe F's diagonal themselves.
 INFORMATION_PRIOR_WIDTH = 1.0
-#: η of the LKJ prior that an observed correlation of F follows with probability
-#: ``CORRELATION_SLAB_WEIGHT`` instead of LKJ(η) with η learned: 1, uniform over correlation
-#: matrices.  One learned η shrinks every correlation alike, and where most are weak it shrank
-#: the demo's one strong correlation (intercept and w[male], 0.80 at the true θ, 0.71 as
-#: released, 0.63 as drawn), which made the pair's weak direction too stiff: the intercept's
-#: z-score sd was 1.20, its TARP marginal 0.048 at K = 200.  LKJ(1) for every correlation drew
-#: it at 0.68 and calibrated the demo, but let the unknown-scale regression's ten noisy released
-#: correlations combine into directions F barely holds (its posteriors twice too wide, 0.048).
-#: With this alternative (TARP, K = 200, ε = 1) the demo reads 0.030, intercept 0.039 (z-score
-#: sd 1.13), with no divergent fit, and the logistic, Poisson and unknown-scale classes stay on
-#: the floor (0.028 / 0.026 / 0.026).  The uniform alternative on each partial correlation, as
-#: in the optimum model, read the demo at 0.025, but has no barrier at ±1: on data sets with an
-#: extreme base rate, whose intercept and w[age] are released correlated −0.96 and −0.99, 2 of
-#: 200 fits had divergent transitions.  LKJ(1)'s own partial correlations keep the barrier an
-#: n × n correlation matrix has under it (``tutorials/RESULTS.md``, stop 56).
-SLAB_CONCENTRATION = 1.0
 
 
 class LikelihoodStatistics(NamedTuple):
@@ -135,9 +118,6 @@ class LikelihoodStatistics(NamedTuple):
     fisher_correlation: jax.Array = jnp.zeros(0)
     fisher_correlation_std: jax.Array = jnp.zeros(0)
     correlation_start: jax.Array = jnp.zeros(0)
-    #: Each correlation's prior weight of LKJ(:data:`SLAB_CONCENTRATION`) beside LKJ(η):
-    #: :data:`CORRELATION_SLAB_WEIGHT` where the release observes it, 0 where it does not.
-    correlation_slab: jax.Array = jnp.zeros(0)
 
     @classmethod
     def from_trace(
@@ -185,13 +165,12 @@ class LikelihoodStatistics(NamedTuple):
         diagonal = 1 / np.logaddexp(0.0, phi_bar[n:])
         prior = np.diagonal(fitted_prior_curvature(prior_curvature(phi_bar), diagonal))
         v_mean = np.log((diagonal - prior)[index])
-        fisher_correlation = fisher_std = correlation_start = slab = np.zeros(0)
+        fisher_correlation = fisher_std = correlation_start = np.zeros(0)
         if released_fisher is not None and len(index) > 1:
             fisher, fisher_noise = released_fisher
             block = np.asarray(fisher)[np.ix_(index, index)]
             fisher_correlation, fisher_std = released_fisher_correlations(block, fisher_noise)
             unobserved = fisher_std >= UNINFORMATIVE_DEVIATION
-            slab = np.where(unobserved, 0.0, CORRELATION_SLAB_WEIGHT)
             fisher_correlation = np.where(unobserved, 0.0, fisher_correlation)
             fisher_std = np.where(unobserved, UNOBSERVED_CORRELATION_STD, fisher_std)
             # NUTS starts R at the correlations the model is given, those not observed at 0:
@@ -221,7 +200,6 @@ class LikelihoodStatistics(NamedTuple):
             fisher_correlation=jnp.asarray(fisher_correlation),
             fisher_correlation_std=jnp.asarray(fisher_std),
             correlation_start=jnp.asarray(correlation_start),
-            correlation_slab=jnp.asarray(slab),
         )
 
 
@@ -393,13 +371,13 @@ class LikelihoodTarget:
         log_prior_v = -0.5 * jnp.sum(((v - stats.prior_v_mean) / stats.prior_v_std) ** 2)
         log_prior_y = 0.0
         if self.structure.n_correlations:
-            released, slab = None, 0.0
-            if self.structure.released:
-                released = (stats.fisher_correlation, stats.fisher_correlation_std)
-                slab = stats.correlation_slab
+            released = (
+                (stats.fisher_correlation, stats.fisher_correlation_std)
+                if self.structure.released
+                else None
+            )
             log_prior_y = correlation_logp(
-                y, rho, self.structure.n_records, self.structure.lkj_eta, released, slab,
-                SLAB_CONCENTRATION,
+                y, rho, self.structure.n_records, self.structure.lkj_eta, released
             )
         return (
             self.logprior(theta)

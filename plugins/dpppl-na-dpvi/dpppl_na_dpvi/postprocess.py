@@ -586,33 +586,21 @@ def _slab_weights(stats: TraceStatistics, structure: ModelStructure) -> jax.Arra
 
 
 def partial_correlation_logp(
-    y: jax.Array,
-    n: int,
-    eta: jax.Array,
-    slab: jax.Array | float = 0.0,
-    slab_eta: float | None = None,
+    y: jax.Array, n: int, eta: jax.Array, slab: jax.Array | float = 0.0
 ) -> jax.Array:
     """log density of the correlation parameters y of an n × n correlation matrix
     (:func:`correlation_cholesky`): each canonical partial correlation z = tanh(y), in column j,
     is drawn from LKJ(η)'s own Beta((1 + z)/2; b, b), b = η + (n − 2 − j)/2 (Lewandowski,
-    Kurowicka & Joe, 2009), with probability 1 − ``slab``, and with probability ``slab`` from
-    LKJ(``slab_eta``)'s own, or uniformly on (−1, 1) where ``slab_eta`` is None.  With ``slab``
-    = 0 this is the LKJ(η) density of R, normalised."""
+    Kurowicka & Joe, 2009), with probability 1 − ``slab``, and uniformly on (−1, 1) with
+    probability ``slab``.  With ``slab`` = 0 this is the LKJ(η) density of R, normalised."""
     _, cols = np.tril_indices(n, -1)
+    b = eta + (n - 2 - cols) / 2
     # (1 − z²) is also dz/dy.
     log_one_minus_z2 = log_sech_squared(y)
-    spike = _partial_beta_logp(log_one_minus_z2, eta + (n - 2 - cols) / 2)
-    if slab_eta is None:
-        alternative = log_one_minus_z2 - np.log(2.0)
-    else:
-        alternative = _partial_beta_logp(log_one_minus_z2, slab_eta + (n - 2 - cols) / 2)
+    spike = b * log_one_minus_z2 + _symmetric_beta_log_normaliser(b)
+    uniform = log_one_minus_z2 - np.log(2.0)
     # Where slab = 0 the second term is −inf and logaddexp returns the spike, gradient included.
-    return jnp.sum(jnp.logaddexp(jnp.log1p(-slab) + spike, jnp.log(slab) + alternative))
-
-
-def _partial_beta_logp(log_one_minus_z2: jax.Array, b: jax.Array) -> jax.Array:
-    """log density in y = atanh(z) of z = 2x − 1 with x ~ Beta(b, b), from log(1 − z²)."""
-    return b * log_one_minus_z2 + _symmetric_beta_log_normaliser(b)
+    return jnp.sum(jnp.logaddexp(jnp.log1p(-slab) + spike, jnp.log(slab) + uniform))
 
 
 def curvature_blocks(
@@ -741,15 +729,14 @@ def correlation_logp(
     lkj_eta: float | None,
     released: tuple[jax.Array, jax.Array] | None = None,
     slab: jax.Array | float = 0.0,
-    slab_eta: float | None = None,
 ) -> jax.Array:
     """log prior density of the correlation parameters y of an n × n correlation R
     (:func:`correlation_cholesky`) and, when η is learned (``lkj_eta`` None), of its
     log-concentration ρ = log(η − 1) under the hyperprior of :func:`lkj_concentration_centre`;
     with ``released`` (the released Fisher correlations and their standard deviations, from
     :func:`released_fisher_correlations`), also their likelihood given R.  ``slab`` is each
-    canonical partial correlation's weight of the alternative to LKJ(η)'s, LKJ(``slab_eta``)'s
-    or uniform (:func:`partial_correlation_logp`)."""
+    canonical partial correlation's weight of the uniform alternative to LKJ(η)'s
+    (:func:`partial_correlation_logp`)."""
     log_prior = jnp.zeros(())
     if lkj_eta is None:
         eta = 1 + jnp.exp(rho[0])
@@ -757,7 +744,7 @@ def correlation_logp(
         log_prior = log_prior - 0.5 * ((rho[0] - centre) / LKJ_CONCENTRATION_WIDTH) ** 2
     else:
         eta = lkj_eta
-    log_prior = log_prior + partial_correlation_logp(y, n, eta, slab, slab_eta)
+    log_prior = log_prior + partial_correlation_logp(y, n, eta, slab)
     if released is not None:
         # Only the released likelihood reads R itself; the prior reads y directly.
         log_prior = log_prior + _released_likelihood(correlation_cholesky(y, n)[0], *released)
