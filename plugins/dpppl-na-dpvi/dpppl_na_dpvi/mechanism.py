@@ -261,7 +261,10 @@ class NADPVI(Mechanism):
         regression with independent covariates, and falls to about 2 where some stand out).
         A fixed η decides how close to singular A may come: η = 2 is several times too wide on a
         10-D regression with independent covariates, and a larger η over-confident where the
-        curvature is strongly correlated (``tutorials/RESULTS.md``).
+        curvature is strongly correlated (``tutorials/RESULTS.md``).  The likelihood model
+        (``postprocessing``) gives each correlation the release observes a prior nearly uniform
+        below 0.95 instead with probability 0.2, so that one strong correlation is not shrunk
+        with the many weak ones (:data:`dpppl_na_dpvi.likelihood.SLAB_BARRIER`).
     covariance
         The covariance of θ given each draw of the optimum.  ``"auto"`` (default): the
         linear-response one where the curvature is released (``correlation_prior``), the

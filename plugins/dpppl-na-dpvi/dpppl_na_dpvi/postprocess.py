@@ -586,21 +586,40 @@ def _slab_weights(stats: TraceStatistics, structure: ModelStructure) -> jax.Arra
 
 
 def partial_correlation_logp(
-    y: jax.Array, n: int, eta: jax.Array, slab: jax.Array | float = 0.0
+    y: jax.Array,
+    n: int,
+    eta: jax.Array,
+    slab: jax.Array | float = 0.0,
+    slab_barrier: float | None = None,
 ) -> jax.Array:
     """log density of the correlation parameters y of an n × n correlation matrix
     (:func:`correlation_cholesky`): each canonical partial correlation z = tanh(y), in column j,
     is drawn from LKJ(η)'s own Beta((1 + z)/2; b, b), b = η + (n − 2 − j)/2 (Lewandowski,
-    Kurowicka & Joe, 2009), with probability 1 − ``slab``, and uniformly on (−1, 1) with
-    probability ``slab``.  With ``slab`` = 0 this is the LKJ(η) density of R, normalised."""
+    Kurowicka & Joe, 2009), with probability 1 − ``slab``, and with probability ``slab`` from
+    the alternative: uniform on (−1, 1), or where ``slab_barrier`` is a width s, the density
+    ∝ exp(−y²/2s²) in z, flat where |y| ≪ s and falling to 0 at ±1 (:func:`barrier_logp`).
+    With ``slab`` = 0 this is the LKJ(η) density of R, normalised."""
     _, cols = np.tril_indices(n, -1)
     b = eta + (n - 2 - cols) / 2
     # (1 − z²) is also dz/dy.
     log_one_minus_z2 = log_sech_squared(y)
     spike = b * log_one_minus_z2 + _symmetric_beta_log_normaliser(b)
-    uniform = log_one_minus_z2 - np.log(2.0)
+    alternative = log_one_minus_z2 - np.log(2.0)
+    if slab_barrier is not None:
+        alternative = barrier_logp(y, slab_barrier)
     # Where slab = 0 the second term is −inf and logaddexp returns the spike, gradient included.
-    return jnp.sum(jnp.logaddexp(jnp.log1p(-slab) + spike, jnp.log(slab) + uniform))
+    return jnp.sum(jnp.logaddexp(jnp.log1p(-slab) + spike, jnp.log(slab) + alternative))
+
+
+def barrier_logp(y: jax.Array, width: float) -> jax.Array:
+    """log density in y = atanh(z) of a correlation z whose density in z is ∝ exp(−y²/2s²), s
+    = ``width``: nearly uniform where |z| is well below tanh(s), with a barrier at ±1 whose tail
+    in y is Gaussian, thinner than the uniform's exp(−2|y|), which NUTS crossed into nearly
+    singular correlation matrices."""
+    grid = np.linspace(-12.0 * width, 12.0 * width, 20001)
+    density = np.cosh(grid) ** -2.0 * np.exp(-0.5 * (grid / width) ** 2)
+    log_normaliser = np.log(np.sum(density) * (grid[1] - grid[0]))
+    return log_sech_squared(y) - 0.5 * (y / width) ** 2 - log_normaliser
 
 
 def curvature_blocks(
@@ -729,14 +748,15 @@ def correlation_logp(
     lkj_eta: float | None,
     released: tuple[jax.Array, jax.Array] | None = None,
     slab: jax.Array | float = 0.0,
+    slab_barrier: float | None = None,
 ) -> jax.Array:
     """log prior density of the correlation parameters y of an n × n correlation R
     (:func:`correlation_cholesky`) and, when η is learned (``lkj_eta`` None), of its
     log-concentration ρ = log(η − 1) under the hyperprior of :func:`lkj_concentration_centre`;
     with ``released`` (the released Fisher correlations and their standard deviations, from
     :func:`released_fisher_correlations`), also their likelihood given R.  ``slab`` is each
-    canonical partial correlation's weight of the uniform alternative to LKJ(η)'s
-    (:func:`partial_correlation_logp`)."""
+    canonical partial correlation's weight of the alternative to LKJ(η)'s, uniform or with a
+    barrier of width ``slab_barrier`` (:func:`partial_correlation_logp`)."""
     log_prior = jnp.zeros(())
     if lkj_eta is None:
         eta = 1 + jnp.exp(rho[0])
@@ -744,7 +764,7 @@ def correlation_logp(
         log_prior = log_prior - 0.5 * ((rho[0] - centre) / LKJ_CONCENTRATION_WIDTH) ** 2
     else:
         eta = lkj_eta
-    log_prior = log_prior + partial_correlation_logp(y, n, eta, slab)
+    log_prior = log_prior + partial_correlation_logp(y, n, eta, slab, slab_barrier)
     if released is not None:
         # Only the released likelihood reads R itself; the prior reads y directly.
         log_prior = log_prior + _released_likelihood(correlation_cholesky(y, n)[0], *released)

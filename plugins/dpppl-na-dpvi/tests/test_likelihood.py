@@ -24,7 +24,7 @@ from dpppl_na_dpvi.likelihood import (
     _release_logp,
     sample_likelihood,
 )
-from dpppl_na_dpvi.postprocess import correlation_cholesky
+from dpppl_na_dpvi.postprocess import CORRELATION_SLAB_WEIGHT, correlation_cholesky
 
 KAPPA = 0.1
 
@@ -228,7 +228,8 @@ def test_the_whitening_centres_theta_at_its_mode_where_the_release_barely_locate
 def test_nuts_starts_the_correlations_the_release_does_not_observe_at_zero():
     # Three record coordinates; the third's released information is below three noise sds, so
     # its correlations are held at 0, and the released correlation of the first two is kept.
-    # The start must be the correlation matrix the model is given, not the released values.
+    # The start must be the correlation matrix the model is given, not the released values,
+    # and only the observed correlation may escape LKJ(η)'s shrinkage.
     rng = np.random.default_rng(6)
     n, steps = 3, 200
     phi = rng.normal(0.0, 0.01, (steps + 1, 2 * n))
@@ -242,6 +243,7 @@ def test_nuts_starts_the_correlations_the_release_does_not_observe_at_zero():
         released_fisher=(fisher, 10.0),
     )
     np.testing.assert_allclose(stats.fisher_correlation, [0.5, 0.0, 0.0])
+    np.testing.assert_allclose(stats.correlation_slab, [CORRELATION_SLAB_WEIGHT, 0.0, 0.0])
     chol, _ = correlation_cholesky(stats.correlation_start, n)
     np.testing.assert_allclose(np.asarray(chol @ chol.T), [[1, 0.5, 0], [0.5, 1, 0], [0, 0, 1]],
                                atol=1e-12)
