@@ -1,7 +1,8 @@
 """Where dpppl keeps files between processes: the user cache folder.
 
-Data sets it downloads and the compiled XLA programs of model structures live under
-``$XDG_CACHE_HOME/dpppl`` (``~/.cache/dpppl`` by default).  Nothing private is ever written here.
+Data sets it downloads, the compiled XLA programs of model structures and the Python source PyTensor
+generates for them live under ``$XDG_CACHE_HOME/dpppl`` (``~/.cache/dpppl`` by default).  Nothing
+private is ever written here.
 """
 
 from __future__ import annotations

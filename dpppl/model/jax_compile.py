@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
+import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.mode import JAX as JAX_MODE
 from pytensor.compile.sharedvalue import SharedVariable
@@ -36,7 +37,7 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
     worker, a notebook kernel) does not compile a model structure again.
 
     The programs hold the model's structure only: record data are inputs of every compiled
-    function, never constants in it.  Called when dpppl is imported, with the folder
+    function, never constants in it.  Called before dpppl compiles its first graph, with the folder
     ``DPPPL_COMPILATION_CACHE`` names, else ``compilation/`` in the user cache folder
     (:func:`dpppl.user_cache.cache_dir`); ``DPPPL_COMPILATION_CACHE=off`` turns it off.  A folder
     the user already gave JAX (``jax_compilation_cache_dir``) is left as it is.
@@ -69,6 +70,47 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
 
 
 enable_compilation_cache()
+
+
+def keep_generated_source(directory: str | os.PathLike | None = None) -> Path | None:
+    """Keep the Python source PyTensor generates for each compiled graph in one folder, one file
+    per distinct source.
+
+    Left to itself, PyTensor writes that source to a new file in the temporary folder for every
+    graph it compiles, and never removes it: a simulation study leaves thousands.  In a folder of
+    its own the files are named by their content, so a structure compiled again reuses its file,
+    and PyTensor removes files unused for over a month.  Like the compiled programs, the source
+    holds the model's structure only (its comments quote constants, and record data are never
+    constants).  Called before dpppl compiles its first graph, with ``generated_source/`` in the
+    user cache folder; a folder the user already gave PyTensor (``generated_src_dir``) is left as
+    it is.
+
+    Parameters
+    ----------
+    directory
+        Where to keep the source; None for the default above.
+
+    Returns
+    -------
+    pathlib.Path or None
+        The folder in use, or None when PyTensor writes temporary files (a PyTensor without the
+        option, or a folder that cannot be created).
+    """
+    current = getattr(pytensor.config, "generated_src_dir", None)
+    if current is None:
+        return None
+    if current:
+        return Path(current)
+    path = Path(directory or cache_dir() / "generated_source")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    pytensor.config.generated_src_dir = str(path)
+    return path
+
+
+keep_generated_source()
 
 
 def _freeze_shared_variables(outputs: list[Variable], inputs: list[Variable]) -> list[Variable]:
