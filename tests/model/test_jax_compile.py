@@ -50,5 +50,23 @@ def test_a_generated_source_folder_the_user_chose_is_kept(tmp_path):
     assert not (cache / "dpppl" / "generated_source").exists()
 
 
-def test_keep_generated_source_reports_the_folder_in_use():
-    assert keep_generated_source() == Path(pytensor.config.generated_src_dir)
+def test_keep_generated_source_creates_the_folder_it_is_given_and_points_pytensor_there(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(pytensor.config, "generated_src_dir", "")
+    chosen = tmp_path / "new" / "source"
+    assert keep_generated_source(chosen) == chosen
+    assert chosen.is_dir()
+    assert pytensor.config.generated_src_dir == str(chosen)
+    # Once set, the folder in use is kept and reported.
+    assert keep_generated_source(tmp_path / "other") == chosen
+
+
+def test_a_folder_that_cannot_be_created_leaves_pytensor_on_temporary_files(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(pytensor.config, "generated_src_dir", "")
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    assert keep_generated_source(blocker / "source") is None
+    assert pytensor.config.generated_src_dir == ""
