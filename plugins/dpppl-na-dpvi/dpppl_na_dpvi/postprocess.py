@@ -1039,7 +1039,18 @@ class _OptimumTarget:
         return _with_optimum(positions, stats, self.structure, key)
 
 
-def _nuts_program(target: SamplerTarget, tune: int, draws: int, chains: int, replicates: bool):
+def replicates_in_turn() -> bool:
+    """Whether NUTS runs a batch of replicates one after another (on a CPU) rather than side by
+    side in vmapped lanes (on an accelerator).  Vmapped, every lane waits at each draw for the
+    longest trajectory of the batch: on 16 fits × 2 chains of a 5-parameter regression, 65
+    leapfrog steps per draw against 21.5 on average, and a CPU gains too little from the lanes'
+    width to pay for it (2.4 times the wall time, ``tutorials/RESULTS.md``, stop 59)."""
+    return jax.devices()[0].platform == "cpu"
+
+
+def _nuts_program(
+    target: SamplerTarget, tune: int, draws: int, chains: int, replicates: bool, in_turn: bool
+):
     def one_chain(key, stats):
         def logdensity(position):
             return target.logdensity(position, stats)
@@ -1072,8 +1083,12 @@ def _nuts_program(target: SamplerTarget, tune: int, draws: int, chains: int, rep
     def run(key, stats):
         return jax.vmap(one_chain, in_axes=(0, None))(jax.random.split(key, chains), stats)
 
-    # Replicates each adapt their own step size and mass matrix: vmap maps the whole run.
-    return jax.jit(jax.vmap(run) if replicates else run)
+    if not replicates:
+        return jax.jit(run)
+    # Replicates each adapt their own step size and mass matrix, so each maps the whole run.
+    if in_turn:
+        return jax.jit(lambda keys, stats: jax.lax.map(lambda pair: run(*pair), (keys, stats)))
+    return jax.jit(jax.vmap(run))
 
 
 def run_nuts(
@@ -1087,16 +1102,23 @@ def run_nuts(
     cache,
     cache_key: Hashable,
     replicates: bool = False,
+    in_turn: bool | None = None,
 ) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
     """NUTS (blackjax, window adaptation) on ``target`` for each fit's statistics: the kept
     draws (chain, draw, ...) and the sampler's statistics of each fit.
 
     One fit (``replicates=False``) runs on its own compiled sampler; with ``replicates`` the
-    fits run as one vmapped program, each chain adapting on its own.  ``cache(key, factory)``
+    fits run as one compiled program, each chain adapting on its own: one fit after another
+    where ``in_turn`` (None: :func:`replicates_in_turn`), else vmapped.  ``cache(key, factory)``
     stores the compiled sampler under ``cache_key`` (e.g. ``RecordModel.cached``), which must
     name everything the program depends on but the statistics.
     """
-    run = cache(cache_key, lambda: _nuts_program(target, tune, draws, chains, replicates))
+    if in_turn is None:
+        in_turn = replicates_in_turn()
+    run = cache(
+        (cache_key, in_turn) if replicates else cache_key,
+        lambda: _nuts_program(target, tune, draws, chains, replicates, in_turn),
+    )
     if not replicates:
         [one], [key] = stats, keys
         positions, info = run(key, one)
