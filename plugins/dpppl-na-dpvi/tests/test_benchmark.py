@@ -11,6 +11,9 @@
 3. The DP-SGD phase's cost as N grows at a fixed expected batch κN = 500: it should stay flat.
 4. The DP-SGD phase with the snapped release (the default) against float64 noise, on a small
    logistic regression: the price of the hardening, in steps per second.
+5. A TARP study's batch of replicates on a CPU, NUTS run one fit after another (the plugin's
+   choice there) against vmapped lanes, which wait at each draw for the batch's longest
+   trajectory.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import numpy as np
 import pymc as pm
 import pytest
 
+import dpppl
 from dpppl import record_model
 from dpppl.plugin import Progress, clip_rows, get_accountant, get_mechanism, per_example_grad
+from dpppl_na_dpvi import likelihood, postprocess
 from dpppl_na_dpvi.dpsgd import run_dpsgd
 from dpppl_na_dpvi.heuristics import StandardisedSchedule
-from dpppl_na_dpvi.postprocess import ModelStructure, TraceStatistics, sample_nuts
+from dpppl_na_dpvi.postprocess import ModelStructure, TraceStatistics, run_nuts, sample_nuts
 
 EPSILON, DELTA = 0.1, 1e-5
 
@@ -249,3 +254,49 @@ def test_the_snapped_release_against_float_noise(capsys):
               f"{rate['float']:.0f} steps/s | snapped {rate['snapped']:.0f} steps/s | "
               f"snapped/float {rate['snapped'] / rate['float']:.2f}")
     assert rate["snapped"] > 0.5 * rate["float"]
+
+
+@pytest.mark.benchmark
+def test_a_batch_of_replicates_runs_nuts_in_turn_on_a_cpu_against_vmapped_lanes(
+    capsys, monkeypatch
+):
+    if jax.devices()[0].platform != "cpu":
+        pytest.skip("the choice measured here is the CPU's; an accelerator runs the lanes")
+    rng = np.random.default_rng(0)
+    n_records = 1000
+    x = rng.multivariate_normal(np.zeros(3), [[1, 0.6, 0.3], [0.6, 1, 0.5], [0.3, 0.5, 1]],
+                                n_records)
+    with pm.Model(coords={"feature": range(3)}) as model:
+        data = pm.Data("X", x)
+        b0 = pm.Normal("b0", 0, 1)
+        w = pm.Normal("w", 0, 1, dims="feature")
+        s = pm.HalfNormal("s", 1)
+        pm.Normal("y", b0 + data @ w, s, observed=np.zeros(n_records))
+
+    def study(seed):
+        return dpppl.tarp(model, mechanism="na-dpvi", epsilon=1.0, delta=DELTA, n_simulations=16,
+                          covariates={"X": x}, n_workers=1, batch_size=16, random_seed=seed,
+                          progressbar=False, tune=300, draws=500, chains=2)
+
+    # The NUTS phase is timed apart: the study's DP-SGD phase is the same either way.
+    in_nuts = []
+
+    def timed_nuts(*args, **kwargs):
+        seconds, out = timed(lambda: run_nuts(*args, **kwargs))
+        in_nuts.append(seconds)
+        return out
+
+    monkeypatch.setattr(likelihood, "run_nuts", timed_nuts)
+    seconds, nuts = {}, {}
+    for in_turn in (True, False):
+        monkeypatch.setattr(postprocess, "replicates_in_turn", lambda in_turn=in_turn: in_turn)
+        study(0)  # compile
+        in_nuts.clear()
+        seconds[in_turn] = timed(lambda: study(1))[0]
+        nuts[in_turn] = sum(in_nuts)
+    with capsys.disabled():
+        print("\nTARP study, 16 replicates in one batch, 5-parameter regression, NUTS 300 + 500 "
+              f"x 2 chains: NUTS in turn {nuts[True]:.1f} s | vmapped {nuts[False]:.1f} s | "
+              f"ratio {nuts[False] / nuts[True]:.2f}x; the whole study {seconds[True]:.1f} s | "
+              f"{seconds[False]:.1f} s")
+    assert nuts[True] < nuts[False]
