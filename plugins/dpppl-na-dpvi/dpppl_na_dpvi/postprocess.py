@@ -1043,9 +1043,9 @@ def replicates_in_turn() -> bool:
     """Whether NUTS runs a batch of replicates one after another (on a CPU) rather than side by
     side in vmapped lanes (on an accelerator).  Vmapped, every lane waits at each draw for the
     longest trajectory of the batch, and a CPU gains too little from the lanes' width to pay for
-    it: on 16 fits × 2 chains of a 5-parameter regression the vmapped NUTS phase took 1.2 times
-    as long as the fits in turn, and 2.4 times on 16 fits whose trajectories ranged more widely
-    (65 leapfrog steps per draw for the longest lane against 21.5 on average;
+    it: on 16 fits × 2 chains of a 5-parameter regression the vmapped NUTS phase took 1.2 to 2.4
+    times as long as the same fits in turn, the more the longer the trajectories ranged (at 2.4,
+    65 leapfrog steps per draw for the longest lane against 21.5 on average;
     ``tutorials/RESULTS.md``, stop 59)."""
     return jax.devices()[0].platform == "cpu"
 

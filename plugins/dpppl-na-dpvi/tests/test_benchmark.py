@@ -18,7 +18,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -262,21 +264,18 @@ def test_a_batch_of_replicates_runs_nuts_in_turn_on_a_cpu_against_vmapped_lanes(
 ):
     if jax.devices()[0].platform != "cpu":
         pytest.skip("the choice measured here is the CPU's; an accelerator runs the lanes")
-    rng = np.random.default_rng(0)
-    n_records = 1000
-    x = rng.multivariate_normal(np.zeros(3), [[1, 0.6, 0.3], [0.6, 1, 0.5], [0.3, 0.5, 1]],
-                                n_records)
-    with pm.Model(coords={"feature": range(3)}) as model:
-        data = pm.Data("X", x)
-        b0 = pm.Normal("b0", 0, 1)
-        w = pm.Normal("w", 0, 1, dims="feature")
-        s = pm.HalfNormal("s", 1)
-        pm.Normal("y", b0 + data @ w, s, observed=np.zeros(n_records))
+    # The class study's regression with an unknown noise scale and correlated covariates.
+    spec = importlib.util.spec_from_file_location(
+        "test_coverage", Path(__file__).with_name("test_coverage.py")
+    )
+    classes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(classes)
+    model = classes.unknown_scale_regression()
 
     def study(seed):
         return dpppl.tarp(model, mechanism="na-dpvi", epsilon=1.0, delta=DELTA, n_simulations=16,
-                          covariates={"X": x}, n_workers=1, batch_size=16, random_seed=seed,
-                          progressbar=False, tune=300, draws=500, chains=2)
+                          covariates=classes.correlated_covariates, n_workers=1, batch_size=16,
+                          random_seed=seed, progressbar=False, tune=300, draws=500, chains=2)
 
     # The NUTS phase is timed apart: the study's DP-SGD phase is the same either way.
     in_nuts = []
