@@ -1104,19 +1104,17 @@ def run_nuts(
     cache,
     cache_key: Hashable,
     replicates: bool = False,
-    in_turn: bool | None = None,
 ) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
     """NUTS (blackjax, window adaptation) on ``target`` for each fit's statistics: the kept
     draws (chain, draw, ...) and the sampler's statistics of each fit.
 
     One fit (``replicates=False``) runs on its own compiled sampler; with ``replicates`` the
     fits run as one compiled program, each chain adapting on its own: one fit after another
-    where ``in_turn`` (None: :func:`replicates_in_turn`), else vmapped.  ``cache(key, factory)``
+    where :func:`replicates_in_turn`, else vmapped.  ``cache(key, factory)``
     stores the compiled sampler under ``cache_key`` (e.g. ``RecordModel.cached``), which must
     name everything the program depends on but the statistics.
     """
-    if in_turn is None:
-        in_turn = replicates_in_turn()
+    in_turn = replicates and replicates_in_turn()
     run = cache(
         (cache_key, in_turn) if replicates else cache_key,
         lambda: _nuts_program(target, tune, draws, chains, replicates, in_turn),
