@@ -1116,8 +1116,7 @@ def run_nuts(
     """
     in_turn = replicates and replicates_in_turn()
     run = cache(
-        (cache_key, in_turn) if replicates else cache_key,
-        lambda: _nuts_program(target, tune, draws, chains, replicates, in_turn),
+        (cache_key, in_turn), lambda: _nuts_program(target, tune, draws, chains, replicates, in_turn)
     )
     if not replicates:
         [one], [key] = stats, keys
