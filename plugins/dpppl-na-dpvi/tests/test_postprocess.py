@@ -15,10 +15,12 @@ from dpppl import record_model
 from dpppl.plugin import softplus_inverse
 from dpppl_na_dpvi import postprocess
 from dpppl_na_dpvi.postprocess import (
+    CORRELATION_SLAB_WEIGHT,
     ModelStructure,
     TraceStatistics,
     correlation_cholesky,
     correlation_scales,
+    correlation_slab_weight,
     curvature_matrices,
     draw_optimum,
     initial_position,
@@ -381,6 +383,36 @@ def test_the_slab_lets_one_well_observed_strong_correlation_stand_where_eta_shri
     assert posterior_mean(0.8, 0.0) < 0.62
     assert posterior_mean(0.8, 0.2) > 0.74
     assert abs(posterior_mean(0.1, 0.2) - posterior_mean(0.1, 0.0)) < 0.005
+
+
+@pytest.mark.parametrize("observed", [1, 6, 10, 11, 21, 55, 435])
+def test_the_slab_expects_a_few_strong_correlations_whatever_their_number(observed):
+    """Up to ten observed correlations each get the slab weight 0.2; beyond, the weights shrink
+    so that the prior expects two of them to be strong."""
+    weight = float(correlation_slab_weight(observed))
+    assert weight == pytest.approx(min(CORRELATION_SLAB_WEIGHT, 2 / observed))
+    assert observed * weight <= max(2.0, observed * CORRELATION_SLAB_WEIGHT) + 1e-12
+
+
+def test_among_many_weak_correlations_each_stays_on_the_spike_that_eta_gives_it():
+    """One of the 10-D regression's 55 observed correlations, released at 0.05 ± 0.17 with η
+    learned at 5000: at 0.2 each, 4 % of its posterior lies off LKJ(η)'s spike (|z| > 0.05), a
+    second mode for each of 55 coordinates of NUTS; at the weight for 55 it is under 1 %."""
+    y = jnp.linspace(-8.0, 8.0, 40001)
+    z = np.tanh(np.asarray(y))
+
+    def mass_off_the_spike(weight):
+        prior = jax.vmap(
+            lambda v: partial_correlation_logp(
+                jnp.zeros(55).at[0].set(v), 11, 5000.0, jnp.full(55, weight), 2.0
+            )
+        )(y)
+        log_post = np.asarray(prior) - 0.5 * ((z - 0.05) / 0.17) ** 2
+        posterior = np.exp(log_post - log_post.max())
+        return posterior[np.abs(z) > 0.05].sum() / posterior.sum()
+
+    assert mass_off_the_spike(CORRELATION_SLAB_WEIGHT) > 0.03
+    assert mass_off_the_spike(float(correlation_slab_weight(55))) < 0.01
 
 
 def test_the_barrier_keeps_a_correlation_observed_near_one_away_from_singular_matrices():
