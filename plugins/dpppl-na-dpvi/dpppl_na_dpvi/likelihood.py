@@ -189,7 +189,7 @@ class LikelihoodStatistics(NamedTuple):
             block = np.asarray(fisher)[np.ix_(index, index)]
             fisher_correlation, fisher_std = released_fisher_correlations(block, fisher_noise)
             unobserved = fisher_std >= UNINFORMATIVE_DEVIATION
-            weight = correlation_slab_weight(np.count_nonzero(~unobserved))
+            weight = correlation_slab_weight(fisher_correlation, fisher_std, ~unobserved)
             slab = np.where(unobserved, 0.0, np.asarray(weight))
             fisher_correlation = np.where(unobserved, 0.0, fisher_correlation)
             fisher_std = np.where(unobserved, UNOBSERVED_CORRELATION_STD, fisher_std)

@@ -386,18 +386,33 @@ def test_the_slab_lets_one_well_observed_strong_correlation_stand_where_eta_shri
 
 
 @pytest.mark.parametrize("observed", [1, 6, 10, 11, 21, 55, 435])
-def test_the_slab_expects_a_few_strong_correlations_whatever_their_number(observed):
-    """Up to ten observed correlations each get the slab weight 0.2; beyond, the weights shrink
-    so that the prior expects two of them to be strong."""
-    weight = float(correlation_slab_weight(observed))
+def test_among_weak_correlations_the_slab_expects_two_strong_ones_whatever_their_number(observed):
+    """Up to ten observed correlations, all released near 0, each get the slab weight 0.2;
+    beyond, the weights shrink so that the prior expects two of them to be strong.  Those the
+    release does not observe do not count."""
+    correlation = jnp.concatenate([jnp.full(observed, 0.1), jnp.full(5, 0.9)])
+    std = jnp.full(observed + 5, 0.1)
+    mask = jnp.arange(observed + 5) < observed
+    weight = float(correlation_slab_weight(correlation, std, mask))
     assert weight == pytest.approx(min(CORRELATION_SLAB_WEIGHT, 2 / observed))
-    assert observed * weight <= max(2.0, observed * CORRELATION_SLAB_WEIGHT) + 1e-12
+
+
+def test_the_slab_expects_as_many_strong_correlations_as_the_release_shows():
+    """Of 21 observed correlations, those released beyond three of their standard deviations
+    from 0 count as strong: with 12 of them the weight is 12/21 capped at 0.2, with 3 it is
+    3/21."""
+    std = jnp.full(21, 0.1)
+    mask = jnp.ones(21, dtype=bool)
+    many = jnp.where(jnp.arange(21) < 12, 0.5, 0.05)
+    few = jnp.where(jnp.arange(21) < 3, -0.5, 0.29)
+    assert float(correlation_slab_weight(many, std, mask)) == CORRELATION_SLAB_WEIGHT
+    assert float(correlation_slab_weight(few, std, mask)) == pytest.approx(3 / 21)
 
 
 def test_among_many_weak_correlations_each_stays_on_the_spike_that_eta_gives_it():
     """One of the 10-D regression's 55 observed correlations, released at 0.05 ± 0.17 with η
     learned at 5000: at 0.2 each, 4 % of its posterior lies off LKJ(η)'s spike (|z| > 0.05), a
-    second mode for each of 55 coordinates of NUTS; at the weight for 55 it is under 1 %."""
+    second mode for each of 55 coordinates of NUTS; at the weight for 55 weak ones under 1 %."""
     y = jnp.linspace(-8.0, 8.0, 40001)
     z = np.tanh(np.asarray(y))
 
@@ -412,7 +427,8 @@ def test_among_many_weak_correlations_each_stays_on_the_spike_that_eta_gives_it(
         return posterior[np.abs(z) > 0.05].sum() / posterior.sum()
 
     assert mass_off_the_spike(CORRELATION_SLAB_WEIGHT) > 0.03
-    assert mass_off_the_spike(float(correlation_slab_weight(55))) < 0.01
+    weak = float(correlation_slab_weight(jnp.zeros(55), jnp.full(55, 0.17), jnp.ones(55, bool)))
+    assert mass_off_the_spike(weak) < 0.01
 
 
 def test_the_barrier_keeps_a_correlation_observed_near_one_away_from_singular_matrices():
