@@ -36,7 +36,7 @@ group mean and scale, :attr:`RecordModel.record_parameters`) are held by the pri
 NUTS samples θ, F's log-diagonal v and its correlations y together.  The released correlations
 observe the correlations; those the release cannot observe are held at 0
 (:data:`UNOBSERVED_CORRELATION_STD`).  Each observed one has LKJ(η)'s prior with η learned, as in
-the optimum model, or with probability :func:`~dpppl_na_dpvi.postprocess.correlation_slab_weight`
+the optimum model, or with probability :func:`~dpppl_na_dpvi.postprocess.correlation_slab_weights`
 a prior nearly uniform below about 0.95 (:data:`SLAB_BARRIER`), so that one strong correlation is
 not shrunk with the many weak ones.
 
@@ -65,13 +65,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpppl_na_dpvi.postprocess import (
-    correlation_slab_weight,
     TARGET_ACCEPT,
     UNINFORMATIVE_DEVIATION,
     correlation_cholesky,
     correlation_logp,
     correlation_parameters,
     correlation_scales,
+    correlation_slab_weights,
     fitted_prior_curvature,
     lkj_concentration_centre,
     released_fisher_correlations,
@@ -91,7 +91,7 @@ UNOBSERVED_CORRELATION_STD = 0.02
 #: observe F's diagonal themselves.
 INFORMATION_PRIOR_WIDTH = 1.0
 #: Width, in Fisher's z = atanh(correlation), of the barrier at ±1 of the prior that an observed
-#: correlation of F follows with probability ``correlation_slab_weight`` instead of LKJ(η) with
+#: correlation of F follows with probability ``correlation_slab_weights`` instead of LKJ(η) with
 #: η learned (:func:`~dpppl_na_dpvi.postprocess.barrier_logp`): nearly uniform below about 0.95.
 #: One learned η shrinks every correlation alike, and where most are weak it shrank the demo's one
 #: strong correlation (intercept and w[male], 0.80 at the true θ, 0.71 as released, 0.63 as
@@ -133,7 +133,7 @@ class LikelihoodStatistics(NamedTuple):
     fisher_correlation_std: jax.Array = jnp.zeros(0)
     correlation_start: jax.Array = jnp.zeros(0)
     #: Each correlation's prior weight of the alternative to LKJ(η) (:data:`SLAB_BARRIER`):
-    #: :func:`~dpppl_na_dpvi.postprocess.correlation_slab_weight` where the release observes it,
+    #: :func:`~dpppl_na_dpvi.postprocess.correlation_slab_weights` where the release observes it,
     #: 0 where it does not.
     correlation_slab: jax.Array = jnp.zeros(0)
 
@@ -189,8 +189,7 @@ class LikelihoodStatistics(NamedTuple):
             block = np.asarray(fisher)[np.ix_(index, index)]
             fisher_correlation, fisher_std = released_fisher_correlations(block, fisher_noise)
             unobserved = fisher_std >= UNINFORMATIVE_DEVIATION
-            weight = correlation_slab_weight(fisher_correlation, fisher_std, ~unobserved)
-            slab = np.where(unobserved, 0.0, np.asarray(weight))
+            slab = np.asarray(correlation_slab_weights(fisher_correlation, fisher_std))
             fisher_correlation = np.where(unobserved, 0.0, fisher_correlation)
             fisher_std = np.where(unobserved, UNOBSERVED_CORRELATION_STD, fisher_std)
             # NUTS starts R at the correlations the model is given, those not observed at 0:

@@ -36,7 +36,7 @@ Departures from the paper, where it is ambiguous or where measurement showed it 
   beside R's LKJ(η) prior, whose η is learned (:func:`lkj_concentration_centre`), so a noisy
   release cannot centre A on a singular matrix.  Each partial correlation the release observes
   may also, with probability ``CORRELATION_SLAB_WEIGHT`` (less where the release observes more
-  than ten, :func:`correlation_slab_weight`), be uniform rather than LKJ's (a
+  than ten, :func:`correlation_slab_weights`), be uniform rather than LKJ's (a
   spike-and-slab prior), so that one strong correlation beside many noise-only ones keeps its
   strength.  With the LKJ prior alone (``"lkj"``) the class
   studies' GLMs were several times too wide at η = 2; with ``"released"`` R's prior is centred on
@@ -156,14 +156,14 @@ CORRELATION_SLAB_WEIGHT = 0.2
 #: How many of the observed correlations the slab expects to be strong at least: with k observed,
 #: of which s lie more than :data:`STRONG_CORRELATION_DEVIATIONS` of their standard deviations from
 #: 0, each gets the weight min(:data:`CORRELATION_SLAB_WEIGHT`, max(this, s) / k)
-#: (:func:`correlation_slab_weight`).  At 0.2 each, the 10-D regression's 55 observed
+#: (:func:`correlation_slab_weights`).  At 0.2 each, the 10-D regression's 55 observed
 #: correlations, all near 0 with noise sd ≈ 0.17 at ε = 0.3 and η learned at 10³–10⁴, each had a
 #: posterior with two modes, LKJ's narrow spike and the slab's wide one; NUTS then took 137
 #: leapfrog steps per draw against 15 without the slab, and its studies ran 9 times longer.  At
 #: 2/55 it took 54.  Up to 10 observed correlations (the demo, GLMs of four parameters) keep 0.2.
 EXPECTED_STRONG_CORRELATIONS = 2.0
 #: Distance from 0, in its standard deviations, beyond which a released correlation counts as
-#: strong for :func:`correlation_slab_weight` (a correlation of 0 passes it with probability
+#: strong for :func:`correlation_slab_weights` (a correlation of 0 passes it with probability
 #: 0.3 %).  A logistic regression of six covariates correlated 0.7 step to step releases 21
 #: correlations, all strong: weighted 2/21, 3 of 100 of its fits had divergent transitions
 #: (none at 0.2), the slab's share too small for so many to escape LKJ(η).
@@ -593,25 +593,23 @@ def correlation_cholesky(y: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
     return chol, log_jac
 
 
-def correlation_slab_weight(
-    correlation: jax.Array, std: jax.Array, observed: jax.Array
-) -> jax.Array:
-    """The slab weight of each correlation the release observes (mask ``observed``), given the
-    released ``correlation`` and its ``std``: :data:`CORRELATION_SLAB_WEIGHT`, or
+def correlation_slab_weights(correlation: jax.Array, std: jax.Array) -> jax.Array:
+    """Each released correlation's slab weight, given its ``std``: 0 where the release does not
+    observe it (:data:`UNINFORMATIVE_DEVIATION`), else :data:`CORRELATION_SLAB_WEIGHT`, or
     max(:data:`EXPECTED_STRONG_CORRELATIONS`, s) / k where that is smaller, for k observed of
     which s lie beyond :data:`STRONG_CORRELATION_DEVIATIONS` standard deviations from 0."""
+    observed = std < UNINFORMATIVE_DEVIATION
     strong = jnp.sum(observed & (jnp.abs(correlation) > STRONG_CORRELATION_DEVIATIONS * std))
     expected = jnp.maximum(EXPECTED_STRONG_CORRELATIONS, strong)
-    return jnp.minimum(CORRELATION_SLAB_WEIGHT, expected / jnp.maximum(jnp.sum(observed), 1))
+    weight = jnp.minimum(CORRELATION_SLAB_WEIGHT, expected / jnp.maximum(jnp.sum(observed), 1))
+    return jnp.where(observed, weight, 0.0)
 
 
 def _slab_weights(stats: TraceStatistics, structure: ModelStructure) -> jax.Array | float:
-    """Each correlation's :func:`correlation_slab_weight` where the release observes it, else 0."""
+    """:func:`correlation_slab_weights` where the model has the slab, else 0."""
     if structure.correlation_prior != "released-likelihood":
         return 0.0
-    correlation, std = stats.fisher_correlation, stats.fisher_correlation_std
-    observed = std < UNINFORMATIVE_DEVIATION
-    return jnp.where(observed, correlation_slab_weight(correlation, std, observed), 0.0)
+    return correlation_slab_weights(stats.fisher_correlation, stats.fisher_correlation_std)
 
 
 def partial_correlation_logp(

@@ -16,11 +16,12 @@ from dpppl.plugin import softplus_inverse
 from dpppl_na_dpvi import postprocess
 from dpppl_na_dpvi.postprocess import (
     CORRELATION_SLAB_WEIGHT,
+    UNINFORMATIVE_DEVIATION,
     ModelStructure,
     TraceStatistics,
     correlation_cholesky,
     correlation_scales,
-    correlation_slab_weight,
+    correlation_slab_weights,
     curvature_matrices,
     draw_optimum,
     initial_position,
@@ -391,9 +392,8 @@ def test_among_weak_correlations_the_slab_expects_two_strong_ones_whatever_their
     beyond, the weights shrink so that the prior expects two of them to be strong.  Those the
     release does not observe do not count."""
     correlation = jnp.concatenate([jnp.full(observed, 0.1), jnp.full(5, 0.9)])
-    std = jnp.full(observed + 5, 0.1)
-    mask = jnp.arange(observed + 5) < observed
-    weight = float(correlation_slab_weight(correlation, std, mask))
+    std = jnp.concatenate([jnp.full(observed, 0.1), jnp.full(5, UNINFORMATIVE_DEVIATION)])
+    weight = float(correlation_slab_weights(correlation, std)[0])
     assert weight == pytest.approx(min(CORRELATION_SLAB_WEIGHT, 2 / observed))
 
 
@@ -402,11 +402,10 @@ def test_the_slab_expects_as_many_strong_correlations_as_the_release_shows():
     from 0 count as strong: with 12 of them the weight is 12/21 capped at 0.2, with 3 it is
     3/21."""
     std = jnp.full(21, 0.1)
-    mask = jnp.ones(21, dtype=bool)
     many = jnp.where(jnp.arange(21) < 12, 0.5, 0.05)
     few = jnp.where(jnp.arange(21) < 3, -0.5, 0.29)
-    assert float(correlation_slab_weight(many, std, mask)) == CORRELATION_SLAB_WEIGHT
-    assert float(correlation_slab_weight(few, std, mask)) == pytest.approx(3 / 21)
+    assert float(correlation_slab_weights(many, std)[0]) == CORRELATION_SLAB_WEIGHT
+    assert float(correlation_slab_weights(few, std)[0]) == pytest.approx(3 / 21)
 
 
 def test_among_many_weak_correlations_each_stays_on_the_spike_that_eta_gives_it():
@@ -427,7 +426,7 @@ def test_among_many_weak_correlations_each_stays_on_the_spike_that_eta_gives_it(
         return posterior[np.abs(z) > 0.05].sum() / posterior.sum()
 
     assert mass_off_the_spike(CORRELATION_SLAB_WEIGHT) > 0.03
-    weak = float(correlation_slab_weight(jnp.zeros(55), jnp.full(55, 0.17), jnp.ones(55, bool)))
+    weak = float(correlation_slab_weights(jnp.zeros(55), jnp.full(55, 0.17))[0])
     assert mass_off_the_spike(weak) < 0.01
 
 
@@ -466,7 +465,7 @@ def test_the_samplers_coordinates_are_a_change_of_variables_of_the_model(lkj_eta
     non-centred: its coordinates map to the model's parameters and back, and the log density it
     sees carries the map's exact log-Jacobian.  A correlation the release observes, or any with
     a fixed η, is the model's parameter."""
-    from dpppl_na_dpvi.postprocess import UNINFORMATIVE_DEVIATION, _from_sampler, _to_sampler
+    from dpppl_na_dpvi.postprocess import _from_sampler, _to_sampler
 
     stats = correlated_stats(np.random.default_rng(7))
     if not observed:
