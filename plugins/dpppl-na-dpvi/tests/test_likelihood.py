@@ -6,6 +6,7 @@ assumptions hold, bounded by the prior where the privacy noise leaves θ unlocat
 from __future__ import annotations
 
 import json
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -17,12 +18,14 @@ import scipy.stats
 
 import dpppl
 from dpppl.plugin import softplus_inverse
+from dpppl_na_dpvi.convergence import DRIFT_LIMIT
 from dpppl_na_dpvi.likelihood import (
     LikelihoodStatistics,
     LikelihoodStructure,
     LikelihoodTarget,
     _release_logp,
     sample_likelihood,
+    scatter_warning,
 )
 from dpppl_na_dpvi.postprocess import CORRELATION_SLAB_WEIGHT, correlation_cholesky
 
@@ -42,9 +45,12 @@ class GaussianWorld:
     θ̂ ~ N(θ, 1/F); DP-SGD on the mean-field ELBO of q = N(μ, softplus(u)) releases
     g̃_t = κ ∇(ELBO loss)(φ_t) + noise, exactly as the likelihood model describes it."""
 
-    def __init__(self, information=400.0, prior_sd=0.05, noise=(600.0, 0.05)):
+    def __init__(self, information=400.0, prior_sd=0.05, noise=(600.0, 0.05), unstated=1.0):
+        """``unstated``: the gradients' noise sd as a multiple of the stated ``noise``, as the
+        sampling of records makes it where it adds noise the release does not state."""
         self.information, self.prior_sd = information, prior_sd
         self.noise = np.asarray(noise)
+        self.unstated = unstated
 
     def prior_part_gradient(self, phis):
         """∇ of E_q[log q − log p(θ)] for the normal prior: μ/s², and in u the entropy's and
@@ -67,7 +73,7 @@ class GaussianWorld:
         for t in range(steps):
             records = np.array([f * (phi[t, 0] - theta_hat), 0.5 * f * sigmoid(phi[t, 1])])
             exact = KAPPA * (records + self.prior_part_gradient(phi[t : t + 1])[0])
-            grads[t] = exact + self.noise * rng.normal(size=2)
+            grads[t] = exact + self.unstated * self.noise * rng.normal(size=2)
             phi[t + 1] = phi[t] - lr * grads[t]
         return phi, grads
 
@@ -113,7 +119,8 @@ def grid_posterior(logprior, information, stats, grid):
 def test_the_release_density_is_the_trace_likelihood_with_the_centre_integrated_out():
     # Brute force on a grid of θ̂: Σ_t log N(r_t; κF(μ_t − θ̂), V) + the u-gradients' terms +
     # log N(θ̂; θ, 1/F), integrated over θ̂ by quadrature, against the closed form, for several
-    # (θ, F): equal up to one constant.
+    # (θ, F): equal up to one constant.  The μ-gradients' noise is the one the statistics state
+    # (the release's, or the gradients' scatter where larger).
     world = GaussianWorld()
     rng = np.random.default_rng(0)
     phi, grads = world.release(rng, theta_hat=0.02, steps=600)
@@ -124,7 +131,7 @@ def test_the_release_density_is_the_trace_likelihood_with_the_centre_integrated_
     for theta, f in [(0.0, 400.0), (0.05, 300.0), (-0.04, 500.0), (0.02, 420.0)]:
         mu_term = -0.5 * (
             (residual[:, 0, None] - KAPPA * f * (phi[:-1, 0, None] - grid)) ** 2
-        ).sum(axis=0) / world.noise[0] ** 2
+        ).sum(axis=0) / float(stats.noise_var[0])
         u_term = -0.5 * (
             (residual[:, 1] - 0.5 * KAPPA * f * sigmoid(phi[:-1, 1])) ** 2
         ).sum() / world.noise[1] ** 2
@@ -171,6 +178,88 @@ def test_the_posterior_is_calibrated_over_worlds_drawn_from_the_prior():
     # Uniform ranks: a calibrated posterior.  KS at α = 10⁻³ (40 worlds).
     assert scipy.stats.kstest(ranks, "uniform").pvalue > 1e-3
     assert 0.25 < np.mean((ranks > 0.25) & (ranks < 0.75)) < 0.75
+
+
+def test_linear_gradients_scatter_about_their_fit_as_much_as_the_release_noise_says():
+    world = GaussianWorld()
+    rng = np.random.default_rng(8)
+    stats = [world.statistics(*world.release(rng, theta_hat=0.02)) for _ in range(30)]
+    scatter = np.array([float(one.scatter[0]) for one in stats])
+    # T = 4000 gradients: the scatter's sd is √(2/3998) = 0.022.
+    assert abs(scatter.mean() - 1) < 3 * 0.022 / np.sqrt(30)
+    assert np.all(np.abs(scatter - 1) < 4 * 0.022)
+    noise = np.array([float(one.noise_var[0]) for one in stats])
+    np.testing.assert_allclose(noise, world.noise[0] ** 2 * np.maximum(scatter, 1.0))
+    assert scatter_warning(scatter, ["mu[theta]"] * 30) is None
+
+
+def standardised_errors(world, rng, stats_of, n_worlds=60):
+    """(θ − posterior mean) / posterior sd over worlds drawn from the prior: standard normal
+    where the posterior is calibrated."""
+    thetas = rng.normal(0.0, world.prior_sd, n_worlds)
+    stats = [
+        stats_of(world.release(rng, theta + rng.normal() / world.information**0.5))
+        for theta in thetas
+    ]
+    draws = sample_likelihood(
+        stats, [jax.random.key(k) for k in range(n_worlds)], tune=300, draws=500, chains=1,
+        structure=STRUCTURE, logprior=world.logprior, cache=cache(), replicates=True,
+    )
+    return np.array(
+        [(t - one.theta.mean()) / one.theta.std() for one, t in zip(draws, thetas)]
+    )
+
+
+def test_noise_the_release_does_not_state_is_counted_and_the_posterior_stays_calibrated():
+    # The gradients' noise is 1.5 times the stated sd, and it, not the records, decides where
+    # the likelihood's centre is (W/F² = 0.014 against 1/F = 0.0025).  Read with the stated
+    # noise the posterior is 1.4 times too narrow; read with the noise the gradients show, it is
+    # calibrated.  60 worlds: the z-scores' sd is known to about ±0.09 (0.85 counted, 1.15 not).
+    world = GaussianWorld(prior_sd=0.5, noise=(200.0, 0.05), unstated=1.5)
+    stats = world.statistics(*world.release(np.random.default_rng(9), theta_hat=0.0))
+    assert float(stats.scatter[0]) == pytest.approx(2.25, rel=0.1)  # four of its sds
+    warning = scatter_warning(np.asarray(stats.scatter), ["mu[theta]"])
+    assert f"mu[theta] scatters {float(stats.scatter[0]):.1f} times" in warning and "postprocessing='optimum'" in warning
+
+    counted = standardised_errors(world, np.random.default_rng(10), lambda r: world.statistics(*r))
+    assert 0.8 < counted.std() < 1.2, counted.std()
+
+    def stated(release):
+        one = world.statistics(*release)
+        return one._replace(noise_var=jnp.asarray(world.noise[:1] ** 2))
+
+    # The same worlds and releases, so the ratio is the widths' (1.38 expected), not chance's.
+    ignored = standardised_errors(world, np.random.default_rng(10), stated)
+    assert ignored.std() > 1.25 * counted.std(), (ignored.std(), counted.std())
+
+
+def test_a_drifting_trace_read_by_the_likelihood_model_is_judged_by_its_scatter_not_its_drift():
+    # The likelihood model regresses the gradients on the iterates and assumes no stationarity:
+    # at ε = 0.1 this trace drifts (a Geweke score beyond 4), which the optimum model would be
+    # warned of, but its gradients are linear with the release's noise, so no warning is due.
+    rng = np.random.default_rng(0)
+    x = rng.multivariate_normal(np.zeros(3), np.eye(3) * 0.5 + 0.5, 1000)
+    y = 0.5 + x @ np.array([0.3, -0.2, 0.1]) + 0.8 * rng.standard_normal(1000)
+    with pm.Model():
+        b0 = pm.Normal("b0", 0, 1)
+        w = pm.Normal("w", 0, 1, shape=3)
+        s = pm.HalfNormal("s", 1)
+        pm.Normal("y", b0 + pm.Data("X", x) @ w, s, observed=y)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = dpppl.sample(
+                mechanism="na-dpvi", epsilon=0.1, delta=1e-5, steps=3000, tune=200, draws=200,
+                chains=1, random_seed=2, progressbar=False,
+            )
+    trace = result["dpvi_trace"]
+    assert np.abs(trace["drift_score"].values).max() > DRIFT_LIMIT
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "has not settled" in m or "scatters" in m], messages
+    scatter = trace["gradient_scatter"]
+    assert list(scatter["record_param"].values) == ["b0", "w[0]", "w[1]", "w[2]", "s_log__"]
+    attrs = json.loads(result.attrs["dp_mechanism_attrs"])
+    read = 3000 - attrs["anchored_steps"] - attrs["settled_step"]
+    assert np.all(np.abs(scatter.values - 1) < 4 * np.sqrt(2 / read))
 
 
 def test_through_dpppl_sample_the_posterior_keeps_the_correlation_of_correlated_weights():
