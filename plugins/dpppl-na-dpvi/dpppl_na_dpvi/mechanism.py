@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -511,6 +512,30 @@ class NADPVI(Mechanism):
             )
         rows = model.possible_records(limit=MAX_COUNTED_RECORDS)
         self._n_possible = None if rows is None else len(next(iter(rows.values())))
+        if not _reads_apart(model):
+            # Said here, before any budget is spent, so that the user can stop and rewrite the
+            # model; what the fit would release is known from the model's structure alone.
+            warnings.warn(self._hierarchy_warning(model), UserWarning, stacklevel=2)
+
+    def _hierarchy_warning(self, model: RecordModel) -> str:
+        """What a model whose records read its parameters through fewer functions of them
+        (:func:`_reads_apart`) is told, by the post-processing that will read it."""
+        if self._postprocessing(model) == "likelihood":
+            # Only an explicit postprocessing='likelihood' gets here (auto reads such a model
+            # with the optimum model).
+            return (
+                f"{_fewer_functions(model)}, along whose level sets the likelihood model's "
+                "constant curvature does not hold, so the posterior may be miscalibrated; "
+                "write the hierarchy centred or use postprocessing='auto'"
+            )
+        return (
+            f"{_fewer_functions(model)}; mean-field q, which this posterior is drawn from, is "
+            "over-confident along the directions that leave those functions fixed (varying "
+            "intercepts written non-centred: the group mean's, scale's and offsets' 90 % "
+            "intervals held the truth 69-76 % of the time, also without privacy noise); "
+            "write the hierarchy centred, a ~ Normal(mu_a, tau), which the default "
+            "postprocessing='auto' with inference='nuts' reads with the likelihood model"
+        )
 
     def privacy_event(self, *, n_records: int, noise_multiplier: float) -> PrivacyEvent:
         # noise_multiplier is relative to the clipping bound C under either relation; the event
@@ -829,14 +854,6 @@ class NADPVI(Mechanism):
                 "more tune steps; a hierarchy written non-centred, mu + tau * z, is better "
                 "written centred, or read with postprocessing='optimum'",
             )
-            if not _reads_apart(model):
-                # Only an explicit postprocessing='likelihood' gets here (auto reads such a
-                # model with the optimum model).
-                messages.append(
-                    f"{_fewer_functions(model)}, along whose level sets the likelihood "
-                    "model's constant curvature does not hold, so the posterior may be "
-                    "miscalibrated; write the hierarchy centred or use postprocessing='auto'"
-                )
             attrs = {
                 **schedule.public(),
                 "anchored_steps": o.anchored_steps,
@@ -854,15 +871,6 @@ class NADPVI(Mechanism):
             schedule.bounded_relaxations(len(moving) - 1 - settled_step),
         )
         messages = [] if drifting is None else [drifting]
-        if not _reads_apart(model):
-            messages.append(
-                f"{_fewer_functions(model)}; mean-field q, which this posterior is drawn from, is "
-                "over-confident along the directions that leave those functions fixed (varying "
-                "intercepts written non-centred: the group mean's, scale's and offsets' 90 % "
-                "intervals held the truth 69-76 % of the time, also without privacy noise); "
-                "write the hierarchy centred, a ~ Normal(mu_a, tau), which the default "
-                "postprocessing='auto' with inference='nuts' reads with the likelihood model"
-            )
         if post is None:
             phi_star = trace.phi[-1][None, None, :].repeat(o.chains, 0).repeat(o.draws, 1)
         else:

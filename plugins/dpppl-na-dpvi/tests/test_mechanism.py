@@ -13,6 +13,7 @@ import pymc as pm
 import pytest
 
 import dpppl
+from dpppl import record_model
 from dpppl.plugin import get_accountant, get_mechanism, poisson_subsampled_gaussian
 from dpppl.testing import example_models
 from dpppl_na_dpvi import postprocess
@@ -374,6 +375,17 @@ def test_by_default_a_non_centred_hierarchy_is_read_by_the_optimum_model_with_a_
         messages = [str(w.message) for w in caught]
         told = [m for m in messages if re.search(OVER_CONFIDENT_HIERARCHY, m)]
         assert len(told) == (0 if centred else 1), messages
+
+
+def test_a_non_centred_hierarchy_is_told_before_any_budget_is_spent():
+    # The model's check, which runs before the plan and the DP-SGD phase, says it: a user can
+    # stop and rewrite the model without having spent anything.
+    mechanism = get_mechanism("na-dpvi")()
+    with pytest.warns(UserWarning, match=OVER_CONFIDENT_HIERARCHY):
+        mechanism.check_model(record_model(centred_groups(centred=False)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mechanism.check_model(record_model(centred_groups(centred=True)))
 
 
 def test_the_likelihood_model_asked_for_on_a_non_centred_hierarchy_says_what_to_change():
