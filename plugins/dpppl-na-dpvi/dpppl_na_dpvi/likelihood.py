@@ -19,9 +19,9 @@ read, has expected noisy gradients (κ the sampling rate)
 
     r_t,μ = κ F (μ_t − θ̂),        r_t,u = ½ κ diag(F) ⊙ sigmoid(u_t),
 
-each with the release's noise (variance V per coordinate; where the μ-gradients scatter more
-about their linear fit, as the sampling of records makes them at a large ε, the variance they
-show, :func:`gradient_scatter`).  The μ-gradients locate θ̂ and, through the trace's wander,
+each with the release's noise (variance V per coordinate; where the gradients scatter more
+about their fit, as the sampling of records makes them at a large ε, the variance they show,
+:func:`gradient_scatter`, :func:`u_gradient_scatter`).  The μ-gradients locate θ̂ and, through the trace's wander,
 inform F; the u-gradients observe F's diagonal; the released curvature rows observe F's
 correlations (:func:`dpppl_na_dpvi.postprocess.released_fisher_correlations`).  And
 θ̂ is the centre of the records' likelihood, which given θ is about N(θ, F⁻¹): integrated out
@@ -133,6 +133,20 @@ def gradient_scatter(
     return residual_ss / dof / noise_var
 
 
+def u_gradient_scatter(
+    gradient_u: np.ndarray, slope_u: np.ndarray, noise_var_u: np.ndarray
+) -> np.ndarray:
+    """Each records' u-gradient's residual variance about its least-squares fit through the
+    origin on its slope sigmoid(u_t) (``slope_u``, (T, r)), as a multiple of the release's noise
+    variance: the model's ½ κ F_jj sigmoid(u_t) with F_jj fitted freely, so about 1 where the
+    model holds.  The records' sampling adds more to these than to the μ-gradients: 6–7 times
+    the privacy noise's variance on the unknown-scale class at ε = 30, 1.00–1.05 at ε = 1
+    (2026-12-03)."""
+    fitted = (gradient_u * slope_u).sum(axis=0) / (slope_u**2).sum(axis=0)
+    residual_ss = ((gradient_u - slope_u * fitted) ** 2).sum(axis=0)
+    return residual_ss / max(len(gradient_u) - 1, 1) / noise_var_u
+
+
 def scatter_warning(scatter: np.ndarray, labels: list[str]) -> str | None:
     """The warning a fit gets when a records' gradient scatters more than ``SCATTER_WARNING``
     times the release's noise about its linear fit, naming the worst one and what to change."""
@@ -164,7 +178,7 @@ class LikelihoodStatistics(NamedTuple):
     sum_us: jax.Array  # Σ r_t,u sigmoid(u_t), (r,)
     sum_ss: jax.Array  # Σ sigmoid(u_t)², (r,)
     noise_var: jax.Array  # V of the μ-gradients, (r,), or their scatter where larger
-    noise_var_u: jax.Array  # V of the u-gradients, (r,)
+    noise_var_u: jax.Array  # V of the u-gradients, (r,), or their scatter where larger
     rate: jax.Array  # κ
     prior_v_mean: jax.Array  # centre of log diag(F)'s prior, (r,)
     prior_v_std: jax.Array
@@ -184,6 +198,8 @@ class LikelihoodStatistics(NamedTuple):
     #: :func:`gradient_scatter` of each records' μ-gradient; ``noise_var`` is V times it where
     #: it is above 1.
     scatter: jax.Array = jnp.zeros(0)
+    #: :func:`u_gradient_scatter`; ``noise_var_u`` is V_u times it where it is above 1.
+    scatter_u: jax.Array = jnp.zeros(0)
 
     @classmethod
     def from_trace(
@@ -227,6 +243,7 @@ class LikelihoodStatistics(NamedTuple):
         noise_var = np.asarray(noise_std, dtype=float) ** 2
         sums = (e**2).sum(axis=0), xc.T @ e, xc.T @ xc
         scatter = gradient_scatter(*sums, len(x), noise_var[index])
+        scatter_u = u_gradient_scatter(residual[:, n + index], slope_u, noise_var[n + index])
         phi_bar = x.mean(axis=0)
         # 1/softplus(ū) is the ELBO's curvature at its optimum in each μ-coordinate; the model's
         # prior takes its share of that, and the records' is what is left.
@@ -263,7 +280,7 @@ class LikelihoodStatistics(NamedTuple):
             # the sampling of records adds its own, 8–14 % of the privacy noise's variance on
             # the unknown-scale class at ε = 30 (2026-12-03).
             noise_var=jnp.asarray(noise_var[index] * np.maximum(scatter, 1.0)),
-            noise_var_u=jnp.asarray(noise_var[n + index]),
+            noise_var_u=jnp.asarray(noise_var[n + index] * np.maximum(scatter_u, 1.0)),
             rate=jnp.asarray(float(rate)),
             prior_v_mean=jnp.asarray(v_mean),
             prior_v_std=jnp.full(len(index), INFORMATION_PRIOR_WIDTH),
@@ -274,6 +291,7 @@ class LikelihoodStatistics(NamedTuple):
             correlation_start=jnp.asarray(correlation_start),
             correlation_slab=jnp.asarray(slab),
             scatter=jnp.asarray(scatter),
+            scatter_u=jnp.asarray(scatter_u),
         )
 
 
@@ -500,6 +518,7 @@ class LikelihoodDraws:
     information_correlation: np.ndarray  # (chain, draw, r(r − 1)/2)
     sample_stats: dict[str, np.ndarray]
     gradient_scatter: np.ndarray  # (r,), :func:`gradient_scatter`
+    u_gradient_scatter: np.ndarray  # (r,), :func:`u_gradient_scatter`
 
 
 def sample_likelihood(
@@ -536,6 +555,7 @@ def sample_likelihood(
             information_correlation=kept[..., n + r :],
             sample_stats=info,
             gradient_scatter=np.asarray(one.scatter),
+            u_gradient_scatter=np.asarray(one.scatter_u),
         )
         for (kept, info), one in zip(runs, stats, strict=True)
     ]

@@ -844,7 +844,8 @@ class NADPVI(Mechanism):
             # much the gradients scatter about that regression.
             names = _record_labels(model)
             groups["dpvi_trace"] = groups["dpvi_trace"].assign(
-                gradient_scatter=(("record_param",), post.gradient_scatter)
+                gradient_scatter=(("record_param",), post.gradient_scatter),
+                u_gradient_scatter=(("record_param",), post.u_gradient_scatter),
             ).assign_coords(record_param=names)
             scattering = scatter_warning(post.gradient_scatter, [f"mu[{n}]" for n in names])
             messages = [] if scattering is None else [scattering]
@@ -1150,7 +1151,9 @@ def _trace_dataset(
             "records' gradient in each mu-coordinate they read about its linear fit in mu over "
             "those steps, as a multiple of the privacy noise's (about 1 where the gradients are "
             "linear and the privacy noise is all their noise, see "
-            "dpppl_na_dpvi.likelihood.gradient_scatter); "
+            "dpppl_na_dpvi.likelihood.gradient_scatter), and u_gradient_scatter the same of "
+            "the u-gradients about their fit through 0 on sigmoid(u) "
+            "(dpppl_na_dpvi.likelihood.u_gradient_scatter); "
             "curvature_sum (with the curvature release): noisy sums, over the iterations of "
             "each chunk from chunk_start on, of the outer products of the clipped, "
             "preconditioned per-record mu-gradients (dpppl_na_dpvi.dpsgd.curvature_rows)",

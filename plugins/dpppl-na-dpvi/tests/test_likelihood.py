@@ -191,6 +191,12 @@ def test_linear_gradients_scatter_about_their_fit_as_much_as_the_release_noise_s
     noise = np.array([float(one.noise_var[0]) for one in stats])
     np.testing.assert_allclose(noise, world.noise[0] ** 2 * np.maximum(scatter, 1.0))
     assert scatter_warning(scatter, ["mu[theta]"] * 30) is None
+    # The u-gradients about ½κF sigmoid(u_t), F fitted: one coefficient, so sd √(2/3999).
+    scatter_u = np.array([float(one.scatter_u[0]) for one in stats])
+    assert abs(scatter_u.mean() - 1) < 3 * 0.022 / np.sqrt(30)
+    assert np.all(np.abs(scatter_u - 1) < 4 * 0.022)
+    noise_u = np.array([float(one.noise_var_u[0]) for one in stats])
+    np.testing.assert_allclose(noise_u, world.noise[1] ** 2 * np.maximum(scatter_u, 1.0))
 
 
 def standardised_errors(world, rng, stats_of, n_worlds=60):
@@ -218,6 +224,7 @@ def test_noise_the_release_does_not_state_is_counted_and_the_posterior_stays_cal
     world = GaussianWorld(prior_sd=0.5, noise=(200.0, 0.05), unstated=1.5)
     stats = world.statistics(*world.release(np.random.default_rng(9), theta_hat=0.0))
     assert float(stats.scatter[0]) == pytest.approx(2.25, rel=0.1)  # four of its sds
+    assert float(stats.scatter_u[0]) == pytest.approx(2.25, rel=0.1)
     warning = scatter_warning(np.asarray(stats.scatter), ["mu[theta]"])
     assert f"mu[theta] scatters {float(stats.scatter[0]):.1f} times" in warning and "postprocessing='optimum'" in warning
 
@@ -260,6 +267,9 @@ def test_a_drifting_trace_read_by_the_likelihood_model_is_judged_by_its_scatter_
     attrs = json.loads(result.attrs["dp_mechanism_attrs"])
     read = 3000 - attrs["anchored_steps"] - attrs["settled_step"]
     assert np.all(np.abs(scatter.values - 1) < 4 * np.sqrt(2 / read))
+    scatter_u = trace["u_gradient_scatter"]
+    assert scatter_u.dims == ("record_param",)
+    assert np.all(np.abs(scatter_u.values - 1) < 4 * np.sqrt(2 / read))
 
 
 def test_through_dpppl_sample_the_posterior_keeps_the_correlation_of_correlated_weights():
