@@ -21,9 +21,9 @@ read, has expected noisy gradients (κ the sampling rate)
 
 each with the release's noise (variance V per coordinate; where the gradients scatter more
 about their fit, as the sampling of records makes them at a large ε, the variance they show,
-:func:`gradient_scatter`, :func:`u_gradient_scatter`).  The μ-gradients locate θ̂ and, through the trace's wander,
-inform F; the u-gradients observe F's diagonal; the released curvature rows observe F's
-correlations (:func:`dpppl_na_dpvi.postprocess.released_fisher_correlations`).  And
+:func:`gradient_scatter`, :func:`u_gradient_scatter`).  The μ-gradients locate θ̂ and, through
+the trace's wander, inform F; the u-gradients observe F's diagonal; the released curvature rows
+observe F's correlations (:func:`dpppl_na_dpvi.postprocess.released_fisher_correlations`).  And
 θ̂ is the centre of the records' likelihood, which given θ is about N(θ, F⁻¹): integrated out
 against the trace's Gaussian likelihood of it, the release says of θ and F
 
@@ -134,17 +134,16 @@ def gradient_scatter(
 
 
 def u_gradient_scatter(
-    gradient_u: np.ndarray, slope_u: np.ndarray, noise_var_u: np.ndarray
+    sum_uu: np.ndarray, sum_us: np.ndarray, sum_ss: np.ndarray, count: int, noise_var_u: np.ndarray
 ) -> np.ndarray:
     """Each records' u-gradient's residual variance about its least-squares fit through the
-    origin on its slope sigmoid(u_t) (``slope_u``, (T, r)), as a multiple of the release's noise
-    variance: the model's ½ κ F_jj sigmoid(u_t) with F_jj fitted freely, so about 1 where the
-    model holds.  The records' sampling adds more to these than to the μ-gradients: 6–7 times
-    the privacy noise's variance on the unknown-scale class at ε = 30, 1.00–1.05 at ε = 1
-    (2026-12-03)."""
-    fitted = (gradient_u * slope_u).sum(axis=0) / (slope_u**2).sum(axis=0)
-    residual_ss = ((gradient_u - slope_u * fitted) ** 2).sum(axis=0)
-    return residual_ss / max(len(gradient_u) - 1, 1) / noise_var_u
+    origin on sigmoid(u_t), as a multiple of the release's noise variance (``sum_uu`` = Σ r_t,u²,
+    the other sums as in :class:`LikelihoodStatistics`, over ``count`` gradients): the model's
+    ½ κ F_jj sigmoid(u_t) with F_jj fitted freely, so about 1 where the model holds.  The
+    records' sampling adds more to these than to the μ-gradients: 6–7 times the privacy noise's
+    variance on the unknown-scale class at ε = 30, 1.00–1.05 at ε = 1 (2026-12-03)."""
+    residual_ss = sum_uu - sum_us**2 / sum_ss
+    return residual_ss / max(count - 1, 1) / noise_var_u
 
 
 def scatter_warning(scatter: np.ndarray, labels: list[str]) -> str | None:
@@ -243,7 +242,11 @@ class LikelihoodStatistics(NamedTuple):
         noise_var = np.asarray(noise_std, dtype=float) ** 2
         sums = (e**2).sum(axis=0), xc.T @ e, xc.T @ xc
         scatter = gradient_scatter(*sums, len(x), noise_var[index])
-        scatter_u = u_gradient_scatter(residual[:, n + index], slope_u, noise_var[n + index])
+        gradient_u = residual[:, n + index]
+        sums_u = (gradient_u * slope_u).sum(axis=0), (slope_u**2).sum(axis=0)
+        scatter_u = u_gradient_scatter(
+            (gradient_u**2).sum(axis=0), *sums_u, len(x), noise_var[n + index]
+        )
         phi_bar = x.mean(axis=0)
         # 1/softplus(ū) is the ELBO's curvature at its optimum in each μ-coordinate; the model's
         # prior takes its share of that, and the records' is what is left.
@@ -274,11 +277,12 @@ class LikelihoodStatistics(NamedTuple):
             sum_ee=jnp.asarray(sums[0]),
             sum_xe=jnp.asarray(sums[1]),
             sum_xx=jnp.asarray(sums[2]),
-            sum_us=jnp.asarray((residual[:, n + index] * slope_u).sum(axis=0)),
-            sum_ss=jnp.asarray((slope_u**2).sum(axis=0)),
+            sum_us=jnp.asarray(sums_u[0]),
+            sum_ss=jnp.asarray(sums_u[1]),
             # The noise the records' gradients show where it is more than the release states:
-            # the sampling of records adds its own, 8–14 % of the privacy noise's variance on
-            # the unknown-scale class at ε = 30 (2026-12-03).
+            # the sampling of records adds its own, on the unknown-scale class at ε = 30 8–14 %
+            # of the privacy noise's variance in the μ-gradients and 6–7 times it in the
+            # u-gradients (2026-12-03).
             noise_var=jnp.asarray(noise_var[index] * np.maximum(scatter, 1.0)),
             noise_var_u=jnp.asarray(noise_var[n + index] * np.maximum(scatter_u, 1.0)),
             rate=jnp.asarray(float(rate)),

@@ -847,7 +847,9 @@ class NADPVI(Mechanism):
                 gradient_scatter=(("record_param",), post.gradient_scatter),
                 u_gradient_scatter=(("record_param",), post.u_gradient_scatter),
             ).assign_coords(record_param=names)
-            scattering = scatter_warning(post.gradient_scatter, [f"mu[{n}]" for n in names])
+            labels = _vi_labels(model)
+            mu_labels = [labels[i] for i in np.flatnonzero(model.record_parameters)]
+            scattering = scatter_warning(post.gradient_scatter, mu_labels)
             messages = [] if scattering is None else [scattering]
             groups.update(_likelihood_groups(model, post))
             messages += _divergence_warning(
