@@ -373,8 +373,10 @@ def test_by_default_a_non_centred_hierarchy_is_read_by_the_optimum_model_with_a_
             result = sample(centred_groups(centred=centred), steps=1000)
         assert json.loads(result.attrs["dp_mechanism_attrs"])["postprocessing"] == postprocessing
         messages = [str(w.message) for w in caught]
-        told = [m for m in messages if re.search(OVER_CONFIDENT_HIERARCHY, m)]
+        told = [w for w in caught if re.search(OVER_CONFIDENT_HIERARCHY, str(w.message))]
         assert len(told) == (0 if centred else 1), messages
+        # It names the user's line (here, this test's), not dpppl's.
+        assert all(w.filename == __file__ for w in told), [w.filename for w in told]
 
 
 def test_a_non_centred_hierarchy_is_told_before_any_budget_is_spent():
