@@ -14,7 +14,9 @@ The core turns the release into an ArviZ ``DataTree``; it never looks at the dat
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+import sys
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -107,6 +109,27 @@ class Release:
     attrs: dict[str, Any] = field(default_factory=dict)
     privacy: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn from a plugin, naming the user's line rather than dpppl's or the plugin's.
+
+    Every frame in dpppl's package or in the calling plugin's top-level package is skipped,
+    however deep the call (a mechanism's ``check_model`` runs several frames below
+    ``dpppl.sample``), so the warning points at the user's script, as PyMC's do.
+    """
+    caller = sys._getframe(1).f_globals.get("__name__", "").partition(".")[0]
+    warnings.warn(
+        message, category, skip_file_prefixes=_package_files("dpppl") + _package_files(caller)
+    )
+
+
+def _package_files(name: str) -> tuple[str, ...]:
+    """The folders of package ``name``, or its one file (none if it is not importable)."""
+    spec = importlib.util.find_spec(name) if name else None
+    if spec is None:
+        return ()
+    return tuple(spec.submodule_search_locations or (spec.origin,))
 
 
 class Mechanism(ABC):

@@ -7,10 +7,7 @@ inference", AISTATS 2025 (Algorithms 3 and 4, Appendices C, D and H).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
-import os
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -38,6 +35,7 @@ from dpppl.plugin import (
     jax_key,
     poisson_subsampled_gaussian,
     prior_summary,
+    warn_user,
 )
 from dpppl_na_dpvi.convergence import drift_scores, drift_warning
 from dpppl_na_dpvi.dpsgd import (
@@ -516,11 +514,8 @@ class NADPVI(Mechanism):
         self._n_possible = None if rows is None else len(next(iter(rows.values())))
         if not _reads_apart(model):
             # Said here, before any budget is spent, so that the user can stop and rewrite the
-            # model; what the fit would release is known from the model's structure alone.  It
-            # names the user's line, not dpppl's, however deep the call that checks the model.
-            warnings.warn(
-                self._hierarchy_warning(model), UserWarning, skip_file_prefixes=_OWN_FILES
-            )
+            # model; what the fit would release is known from the model's structure alone.
+            warn_user(self._hierarchy_warning(model))
 
     def _hierarchy_warning(self, model: RecordModel) -> str:
         """What a model whose records read its parameters through fewer functions of them
@@ -1240,14 +1235,6 @@ def _divergence_warning(sample_stats: dict[str, np.ndarray], remedy: str) -> lis
         f"{diverging} divergent transitions in the NUTS run of the post-processing model; its "
         f"posterior may be biased (try {remedy})"
     ]
-
-
-#: Where dpppl's and this plugin's code lives: a warning raised from inside names the first line
-#: outside them.
-_OWN_FILES = (
-    *importlib.util.find_spec("dpppl").submodule_search_locations,
-    os.path.dirname(__file__),
-)
 
 
 def _record_labels(model: RecordModel) -> list[str]:
