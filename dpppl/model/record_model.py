@@ -19,6 +19,7 @@ import hashlib
 import math
 import operator
 import os
+import re
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
@@ -368,7 +369,10 @@ class RecordModel:
                 logprior_fn=jaxify(model.value_vars, [logprior]),
                 constrain_fn=jaxify(model.value_vars, constrained),
             )
-            _probe_record_axis(compiled, structure.n_records)
+            _probe_record_axis(
+                compiled, structure.n_records,
+                frozenset(p.name for p in structure.record_potentials),
+            )
             return compiled
 
         self.compiled = _COMPILED.get(key, build)
@@ -812,10 +816,15 @@ def _record_parameter_rank(
     return max(ranks, default=int(record_parameters.sum()))
 
 
-def _probe_record_axis(compiled: CompiledRecordModel, n_records: int) -> None:
+def _probe_record_axis(
+    compiled: CompiledRecordModel, n_records: int, potentials: frozenset[str] = frozenset()
+) -> None:
     """Check on zero-filled batches that every log-likelihood term has exactly one entry per
     record.  Each term is checked before the terms are added: a length-1 aggregate (a potential
-    over all records, say) broadcasts against the others and would pass as a sum."""
+    over all records, say) broadcasts against the others and would pass as a sum.  The refusal
+    names the likeliest cause: free variables with one entry per record, a tensor of the data's
+    length that does not follow the batch (``pt.zeros((N, 1))``), or a potential (``potentials``,
+    the names of the record-reading ones) that sums over records."""
     values = compiled.parameters.unflatten(jnp.asarray(compiled.initial_theta))
     names = compiled.term_names
     for size in (1, 3):
@@ -827,21 +836,47 @@ def _probe_record_axis(compiled: CompiledRecordModel, n_records: int) -> None:
         wrong = [(n, s) for n, s in zip(names, shapes, strict=True) if s != (size,)]
         if wrong:
             name, shape = wrong[0]
-            suspects = [
-                b.name for b in compiled.parameters.blocks if b.shape and b.shape[0] == n_records
-            ]
-            hint = (
-                f" Free variable(s) {suspects} have one entry per record: dpppl supports only "
-                "global parameters."
-                if suspects
-                else ""
+            outcome = (
+                f"failed ({type(shape).__name__}: {' '.join(str(shape).split())})"
+                if isinstance(shape, Exception)
+                else f"gave {shape!r} instead of shape ({size},)"
             )
             raise ModelNotSupportedError(
                 "the model's log-likelihood does not factorise over records along the record "
-                f"axis ({name!r} of a batch of {size} records gave {shape!r} instead of shape "
-                f"({size},)).{hint} A pm.Potential that reads the data needs one entry per "
-                "record (leading dimension of length N)"
+                f"axis ({name!r} of a batch of {size} records {outcome})."
+                + _record_axis_hint(compiled, n_records, name in potentials, str(shape))
             )
+
+
+def _record_axis_hint(
+    compiled: CompiledRecordModel, n_records: int, potential: bool, outcome: str
+) -> str:
+    """What to change in a model whose term gave ``outcome`` on a probe batch."""
+    suspects = [
+        b.name for b in compiled.parameters.blocks if b.shape and b.shape[0] == n_records
+    ]
+    if suspects:
+        return (
+            f" Free variable(s) {suspects} have one entry per record: dpppl supports only "
+            "global parameters."
+        )
+    if re.search(rf"\b{n_records}\b", outcome):
+        # A constant of N rows broadcasts against, or fails to concatenate with, a batch.
+        return (
+            f" Something in it keeps the data's length N = {n_records} whatever the batch: a "
+            "tensor built from a constant or a NumPy array (pt.zeros((N, 1)), np.ones(N)) rather "
+            "than from pm.Data.  Make it pm.Data, or build it from one (pt.zeros_like(X[:, :1]) "
+            "for pm.Data X), so that it follows the records."
+        )
+    if potential:
+        return (
+            " A pm.Potential that reads the data needs one entry per record (leading dimension "
+            "of length N)."
+        )
+    return (
+        " Each observed variable needs one entry per record along its leading dimension, the "
+        "one the pm.Data it reads has."
+    )
 
 
 #: Fewest model parameters for which :meth:`RecordModel.elbo_loss_grads` takes the chain rule

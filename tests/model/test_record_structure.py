@@ -88,6 +88,23 @@ def test_per_record_latent_variables_without_dims_are_refused():
         record_model(model)
 
 
+def test_a_constant_of_the_datas_length_is_named_as_the_cause():
+    """A reference-class column written pt.zeros((N, 1)) keeps N rows whatever the batch; the
+    refusal says so, and how to make it follow the records, rather than blaming a potential
+    the model does not have."""
+    n = 6
+    with pm.Model(coords={"cls": range(2)}) as model:
+        X = pm.Data("X", np.linspace(-1.0, 1.0, n))
+        b = pm.Normal("b", 0, 1, dims="cls")
+        eta = pt.concatenate([pt.zeros((n, 1)), b + X[:, None]], axis=1)
+        pm.Categorical("y", p=pm.math.softmax(eta, axis=1), observed=np.zeros(n, dtype=int))
+    with pytest.raises(ModelNotSupportedError) as refusal:
+        record_model(model)
+    message = str(refusal.value)
+    assert "N = 6 whatever the batch" in message and "pt.zeros_like(X[:, :1])" in message
+    assert "Potential" not in message
+
+
 def test_a_potential_over_all_records_is_refused():
     x = np.ones(5)
     with pm.Model() as model:
@@ -112,7 +129,7 @@ def test_a_length_one_potential_over_all_records_is_refused(aggregate):
         mu = pm.Normal("mu", 0, 1)
         pm.Normal("y", mu * X, 1, observed=np.zeros(5), dims="obs")
         pm.Potential("agg", aggregate(mu, X))
-    with pytest.raises(ModelNotSupportedError, match=r"'agg'.*gave \(1,\) instead of shape \(3,\)"):
+    with pytest.raises(ModelNotSupportedError, match=r"'agg'.*gave \(1,\) instead of shape \(3,\).*pm.Potential"):
         record_model(model)
 
 
