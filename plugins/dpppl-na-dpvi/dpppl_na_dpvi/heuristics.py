@@ -45,10 +45,7 @@ inform A's correlations, so NA-DPVI's ``rates="auto"`` uses these rates exactly 
 (``tutorials/RESULTS.md``, 2026-11-29).
 
 Burn-in.  β_μ and λ are recomputed from the released trace every chunk of steps during the
-burn-in T* and frozen after it, so the post-processing model sees one noise level σC/β.  The
-rates start fast to bring u to q's scale, which the start does not know; μ's start is capped by
-the wander bound (:meth:`StandardisedSchedule.start_rate`), since a fast start there only adds
-wander that standardised rates are slow to undo.
+burn-in T* and frozen after it, so the post-processing model sees one noise level σC/β.
 """
 
 from __future__ import annotations
@@ -133,19 +130,15 @@ class StandardisedSchedule:
             self.model.n_records * self.sampling_rate**2 * self.steps
         )
 
-    def wander_bound(self) -> float:
-        """The largest rate at which the n μ-coordinates' stationary wander shifts the trace by
-        at most ``WANDER_SCALE`` posterior standard deviations (see the module's notes)."""
-        share = self.privacy_noise_share()
-        n_records, n = self.model.n_records, self.model.n_params
-        return 2 * WANDER_SCALE * math.sqrt(n_records * (1 + share)) / (n * self.steps * share)
-
     def final_rate(self) -> float:
         """The relaxation rate after the burn-in: ``FINAL_RATE``, or with ``equal_rates`` less
         where the privacy noise would make the trace wander beyond the wander bound."""
         if not self.equal_rates:
             return FINAL_RATE
-        return min(FINAL_RATE, self.wander_bound())
+        share = self.privacy_noise_share()
+        n_records, n = self.model.n_records, self.model.n_params
+        bound = 2 * WANDER_SCALE * math.sqrt(n_records * (1 + share)) / (n * self.steps * share)
+        return min(FINAL_RATE, bound)
 
     def bounded_relaxations(self, steps: int) -> float | None:
         """How many relaxation times ``steps`` steps at the final rate span, where the privacy
@@ -158,36 +151,13 @@ class StandardisedSchedule:
         u0 = float(softplus_inverse(self.init_variance))
         return np.concatenate([self.model.initial_point(), np.full(n, u0)])
 
-    def start_rate(self, mu: bool = False) -> float:
-        """The burn-in's first rate: ``BURN_IN_FACTOR`` times the final one (at most
-        ``BURN_IN_RATE``).  For μ (``mu``) also at most ``BURN_IN_FACTOR`` times the wander
-        bound, and never below the final rate.
-
-        The fast start brings u to q's scale, which the start does not know (its variance 1/N
-        assumes unit Fisher information).  μ starts at the model's initial point, inside the
-        prior, and a fast start there only grows its wander, in proportion to the rate; under
-        standardised rates μ then relaxes √Ī times more slowly than u, so the burn-in's wander
-        outlasts it.  Under strong noise and many parameters (a 36-parameter logistic regression
-        at ε = 1, N = 2000) the weights wandered 15 posterior sds (root mean square) off early
-        in the burn-in and took the whole trace to come back (13 at its start, 4 at its end,
-        about their stationary wander at the final rate); q's variance, which tracks the
-        curvature at the wandering weights, averaged 2.2 times its optimum over the trace, the
-        curvature centred on it was 0.6 of the true one and the posterior 20 % too wide.  With
-        the cap the weights stay near 4 and q's variance averages 1.3 times its optimum
-        (``tutorials/RESULTS.md``, stop 63).  Under wander-bounded rates the final rate is
-        already at most the bound, so the cap changes nothing there."""
-        start = min(BURN_IN_RATE, BURN_IN_FACTOR * self.final_rate())
-        if mu:
-            start = max(self.final_rate(), min(start, BURN_IN_FACTOR * self.wander_bound()))
-        return start
-
-    def learning_rate_constant(self, progress: float, mu: bool = False) -> float:
-        """λ_c: the user's, or the one that gives every coordinate (or μ's, ``mu``) its target
-        rate, annealed geometrically from the burn-in's first rate to the final one."""
+    def learning_rate_constant(self, progress: float) -> float:
+        """λ_c: the user's, or the one that gives every coordinate its target rate, annealed
+        geometrically from the burn-in's first rate to the final one."""
         if self.learning_rate_scale is not None:
             return self.learning_rate_scale
         final = self.final_rate()
-        start = self.start_rate(mu)
+        start = min(BURN_IN_RATE, BURN_IN_FACTOR * final)
         rate = start * (final / start) ** progress
         d = 2 * self.model.n_params
         lr_heur = 2 * rate / (self.u_preconditioning * self.sampling_rate)
@@ -238,14 +208,10 @@ class StandardisedSchedule:
                 np.full(n, self.u_preconditioning),
             ]
         )
-        scale = math.sqrt(2) / (
-            self.noise_multiplier * self.clipping_bound * math.sqrt(self.steps * d)
-        )
-        lr_heur = scale * np.concatenate(
-            [
-                np.full(n, self.learning_rate_constant(progress, mu=True)),
-                np.full(n, self.learning_rate_constant(progress)),
-            ]
+        lr_heur = (
+            math.sqrt(2)
+            * self.learning_rate_constant(progress)
+            / (self.noise_multiplier * self.clipping_bound * math.sqrt(self.steps * d))
         )
         self.last = DPSGDSettings(
             clipping_bound=float(self.clipping_bound),

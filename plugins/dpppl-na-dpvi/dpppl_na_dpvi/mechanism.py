@@ -142,9 +142,7 @@ class NADPVI(Mechanism):
         the weights' wander (10-D regression, ε = 1, with the released curvature: log σ²
         over-confident with standardised rates, calibrated with these; ``tutorials/RESULTS.md``).
     burn_in
-        T* as a fraction of T (paper's code: 0.2).  The rates start faster and anneal to their
-        final value over it; μ's start is capped where the privacy noise would make it wander
-        (``dpppl_na_dpvi.heuristics.StandardisedSchedule.start_rate``).
+        T* as a fraction of T (paper's code: 0.2).
     anchored
         Fraction of the steps after the burn-in that DP-SGD takes at one fixed point, the mean
         of the free steps before them (after any left out by ``settle``), releasing noisy

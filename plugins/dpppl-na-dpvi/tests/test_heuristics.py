@@ -135,31 +135,6 @@ def test_under_strong_noise_the_final_rate_keeps_the_wander_within_its_bound(mod
     assert first == pytest.approx(heuristics.BURN_IN_FACTOR * rate)
 
 
-def test_under_strong_noise_the_burn_in_starts_mu_no_faster_than_the_wander_bound_allows(model):
-    """The fast start is for u, whose scale the start does not know; μ's wander grows with its
-    rate, and under standardised rates outlasts the burn-in."""
-    n = model.n_params
-
-    def speed_up(rule, coordinate):
-        """The burn-in's first learning rate of a coordinate over its final one."""
-        start = rule.initial_phi()[None]
-        first = rule.settings(start, progress=0.0).learning_rate[coordinate]
-        return float(first / rule.settings(start, progress=1.0).learning_rate[coordinate])
-
-    weak, strong = schedule(model, noise_multiplier=1.0), schedule(model, noise_multiplier=3000.0)
-    assert speed_up(weak, 0) == pytest.approx(heuristics.BURN_IN_FACTOR)
-    assert speed_up(strong, n) == pytest.approx(heuristics.BURN_IN_FACTOR)
-    assert heuristics.BURN_IN_FACTOR * strong.wander_bound() < heuristics.FINAL_RATE
-    assert speed_up(strong, 0) == pytest.approx(1.0)
-    between = schedule(model, noise_multiplier=300.0)
-    expected = heuristics.BURN_IN_FACTOR * between.wander_bound() / heuristics.FINAL_RATE
-    assert 1.0 < expected < heuristics.BURN_IN_FACTOR
-    assert speed_up(between, 0) == pytest.approx(expected)
-    # Wander-bounded rates already end at most at the bound: their burn-in is unchanged.
-    equal = schedule(model, noise_multiplier=3000.0, equal_rates=True)
-    assert speed_up(equal, 0) == pytest.approx(heuristics.BURN_IN_FACTOR)
-
-
 def test_with_wander_bounded_rates_a_regression_trace_wanders_as_predicted_and_is_unbiased():
     """Under strong privacy noise the weights' wander inflates the residuals, and so the trace of
     log σ²: wander-bounded rates keep the wander at (rT/2)·D variances of q and the bias small.
