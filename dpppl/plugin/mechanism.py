@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import sys
 import warnings
 from abc import ABC, abstractmethod
@@ -125,11 +126,22 @@ def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
 
 
 def _package_files(name: str) -> tuple[str, ...]:
-    """The folders of package ``name``, or its one file (none if it is not importable)."""
+    """Path prefixes of the files of package ``name``, or of its one file (none if it is not
+    importable).
+
+    Folders end in a separator, so that ``.../dpppl`` does not also cover a user's
+    ``.../dpppl_analysis.py``.  A one-file module is matched by its path up to the suffix's dot:
+    CPython 3.12's ``skip_file_prefixes`` compares each prefix with a frame's file name less its
+    last character, so the whole file name would never match.
+    """
     spec = importlib.util.find_spec(name) if name else None
     if spec is None:
         return ()
-    return tuple(spec.submodule_search_locations or (spec.origin,))
+    if spec.submodule_search_locations:
+        return tuple(os.path.join(folder, "") for folder in spec.submodule_search_locations)
+    if spec.origin is None or not os.path.isfile(spec.origin):
+        return ()
+    return (os.path.splitext(spec.origin)[0] + ".",)
 
 
 class Mechanism(ABC):
