@@ -152,3 +152,19 @@ def test_dpsep_uci_regression(tmp_path):
 def test_poisson_regression():
     out = run_tutorial("poisson_regression.py", "--smoke")
     assert '"K": 2' in out and '"coverage_90"' in out
+
+
+def test_held_out_models():
+    out = run_tutorial("held_out_models.py", "ordinal", "--smoke")
+    row = json.loads(out.strip().splitlines()[-1])
+    assert row["model"] == "ordinal" and row["K"] == 2
+    assert set(row["marginal_rmse"]) == {"w[0]", "w[1]", "c0", "gap_log__[0]", "gap_log__[1]"}
+
+
+def test_held_out_models_trace_against_exact_nuts():
+    out = run_tutorial("held_out_models.py", "wide_regression", "--trace", "302", "--smoke")
+    row = json.loads(out.strip().splitlines()[-1])
+    # Smoke size: 300 steps, so the steps reported are 0 and 250; the script itself refuses a
+    # trace whose coordinates are not the model's value variables in order.
+    assert list(row["displacement"]) == ["0", "250"]
+    assert row["displacement"]["0"]["rms"] > 0
