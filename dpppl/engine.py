@@ -20,6 +20,7 @@ from dpppl.plugin.mechanism import APPROXIMATE_DP, Mechanism, PrivacyPlan, Relea
 from dpppl.plugin.registry import get_accountant, registry
 from dpppl.privacy.budget import check_epsilon_delta
 from dpppl.progress import Progress
+from dpppl.threads import single_threaded_blas
 
 #: Slack for floating-point round-off when checking a plan against its target.
 _EPSILON_SLACK = 1e-9
@@ -95,7 +96,8 @@ def run_mechanism(
 ) -> tuple[Release, bool]:
     """Fit ``mechanism`` on ``data``; returns the release and whether a fixed seed was used."""
     seed = np.random.SeedSequence(random_seed)
-    release = mechanism.fit(model, data, plan, seed=seed, progress=Progress(progressbar))
+    with single_threaded_blas():
+        release = mechanism.fit(model, data, plan, seed=seed, progress=Progress(progressbar))
     bad = ~np.isfinite(release.draws).all(axis=-1)
     if bad.any():
         release.warnings.append(_non_finite_draws_message(bad, mechanism.name))

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The layers, lowest first.  A module may import its own layer and those below it.
 LAYERS = (
     ("dpppl.errors", "dpppl.user_cache", "dpppl.version", "dpppl.lazy", "dpppl.progress"),
+    ("dpppl.threads",),
     ("dpppl.model",),
     ("dpppl.privacy",),
     ("dpppl.plugin",),

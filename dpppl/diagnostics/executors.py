@@ -7,7 +7,9 @@ numbers on every executor.
 
 Local processes are started with ``spawn``: JAX's thread pools do not survive ``fork``.  As with
 any ``spawn`` pool, a script that starts one must guard its entry point with
-``if __name__ == "__main__":``.
+``if __name__ == "__main__":``.  Each process is pinned to its own share of this process's CPUs
+(:func:`cpu_shares`), as ``mpirun`` pins its ranks: XLA sizes its CPU thread pool to the CPUs a
+process may use, and pools that each claim every CPU spin while they wait for one another.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, TypeVar
 import jax
 
 from dpppl.progress import Progress
+from dpppl.threads import pin_process
 
 Result = TypeVar("Result")
 
@@ -38,6 +41,27 @@ def default_workers() -> int:
     if jax.default_backend() != "cpu":
         return 1
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cpu_shares(workers: int) -> list[set[int]]:
+    """The CPUs each of ``workers`` local processes is pinned to: this process's CPUs in
+    contiguous, nearly equal, disjoint shares, dealt out again from the first where there are
+    more workers than CPUs.  Empty where the platform cannot pin a process (not Linux).
+
+    Unpinned, the thread pools of every worker (XLA's, OpenBLAS's) claim every CPU, and their
+    threads spin while they wait for threads that another worker has descheduled (see
+    :mod:`dpppl.threads`).
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        return []
+    shares = [set(share) for share in split(sorted(os.sched_getaffinity(0)), workers)]
+    return [shares[i % len(shares)] for i in range(workers)]
+
+
+def _pin(shares: Any) -> None:
+    """Pin this worker process to the next CPU share in the queue ``shares``, before JAX starts
+    its backend here (the pool's initializer runs before the first task is unpickled)."""
+    pin_process(shares.get())
 
 
 def check_executor(client: Any, n_workers: int | None) -> None:
@@ -126,8 +150,15 @@ def map_chunks(
 
 def _on_processes(remote: Callable, chunks: list[list], workers: int, bar) -> list:
     context = multiprocessing.get_context("spawn")
+    workers = min(workers, len(chunks))
+    pinning: dict[str, Any] = {}
+    if shares := cpu_shares(workers):
+        queue = context.Queue()
+        for share in shares:
+            queue.put(share)
+        pinning = {"initializer": _pin, "initargs": (queue,)}
     results: list = [None] * len(chunks)
-    with ProcessPoolExecutor(max_workers=min(workers, len(chunks)), mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, **pinning) as pool:
         futures = {pool.submit(remote, chunk): i for i, chunk in enumerate(chunks)}
         try:
             for future in as_completed(futures):

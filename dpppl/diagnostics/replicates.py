@@ -24,6 +24,7 @@ from dpppl.model.record_structure import without_records
 from dpppl.model.simulation import Simulator, simulator
 from dpppl.plugin.mechanism import Mechanism, PrivacyPlan, Release
 from dpppl.progress import Progress
+from dpppl.threads import single_threaded_blas
 
 Covariates = Mapping[str, ArrayLike] | Callable[[np.random.Generator], Mapping[str, ArrayLike]]
 
@@ -75,13 +76,14 @@ class Replicates:
                 )
                 for theta, r in zip(thetas, replicates, strict=True)
             ]
-            releases = self.mechanism.fit_replicates(
-                self.model,
-                datasets,
-                self.plan,
-                seeds=[np.random.SeedSequence(r.fit.generate_state(8)) for r in replicates],
-                progress=Progress(False),
-            )
+            with single_threaded_blas():
+                releases = self.mechanism.fit_replicates(
+                    self.model,
+                    datasets,
+                    self.plan,
+                    seeds=[np.random.SeedSequence(r.fit.generate_state(8)) for r in replicates],
+                    progress=Progress(False),
+                )
             for seed, release in zip(batch, releases, strict=True):
                 _refuse_non_finite_draws(release, seed)
             truth += thetas

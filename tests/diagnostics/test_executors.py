@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
+import multiprocessing
 import os
+from pathlib import Path
 
 import jax
 import pytest
 
 from dpppl.diagnostics import executors
-from dpppl.diagnostics.executors import check_executor, default_workers, map_chunks, split
+from dpppl.diagnostics.executors import (
+    check_executor,
+    cpu_shares,
+    default_workers,
+    map_chunks,
+    split,
+)
+
+pinnable = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity"), reason="this platform cannot pin a process to CPUs"
+)
 
 
 @pytest.mark.parametrize(("n_items", "n_chunks"), [(10, 3), (3, 10), (12, 4), (1, 1)])
@@ -59,3 +73,39 @@ def test_invalid_worker_counts_are_refused(n_workers):
 def test_a_client_and_a_worker_count_are_refused_together():
     with pytest.raises(ValueError, match="not both"):
         check_executor(object(), 2)
+
+
+@pinnable
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+def test_workers_get_disjoint_nearly_equal_shares_of_the_cpus(monkeypatch, workers):
+    monkeypatch.setattr(executors.os, "sched_getaffinity", lambda pid: set(range(8)))
+    shares = cpu_shares(workers)
+    assert len(shares) == workers
+    assert set().union(*shares) == set(range(8))
+    assert sum(map(len, shares)) == 8
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+@pinnable
+def test_more_workers_than_cpus_share_them_in_turn(monkeypatch):
+    monkeypatch.setattr(executors.os, "sched_getaffinity", lambda pid: {4, 5})
+    assert cpu_shares(5) == [{4}, {5}, {4}, {5}, {4}]
+
+
+@pinnable
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to share out")
+def test_each_worker_process_and_every_thread_in_it_run_on_its_own_cpus(monkeypatch):
+    # Spawned workers cannot import this file again (importlib mode): the probe is a module beside
+    # it, on a sys.path that the workers inherit.
+    monkeypatch.syspath_prepend(Path(__file__).parent)
+    probe = importlib.import_module("executor_workers").cpus_of_this_worker
+    with multiprocessing.get_context("spawn").Manager() as manager:
+        # Both chunks wait for each other, so each runs in its own worker.
+        remote = functools.partial(probe, manager.Barrier(2))
+        reports = map_chunks([0, 1], remote=remote, local=remote, n_workers=2, progressbar=False)
+    shares = cpu_shares(2)
+    assert len({pid for pid, _, _ in reports}) == 2
+    pinned = sorted(([*threads[0]], blas) for _, threads, blas in reports)
+    assert pinned == sorted(([*share], str(len(share))) for share in shares)
+    for _, threads, _ in reports:
+        assert all(cpus == threads[0] for cpus in threads)
