@@ -77,11 +77,12 @@ COUNTED_SHARE = 0.5
 
 #: Memory a vmapped batch of replicate fits may take (see :meth:`NADPVI.replicate_batch_size`).
 REPLICATE_MEMORY = 2**30
-#: Per-record gradient entries (capacity × Monte Carlo draws × 2n) of one DP-SGD step of a whole
-#: batch.  Past about this many, a step no longer fits the CPU's caches and a replicate gets
-#: slower, not faster (2026-11-25, 2 cores: Beta–Bernoulli, 12 000 per replicate, took 0.60 /
-#: 0.47 / 0.38 s per replicate at 16 / 32 / 64; a 4-parameter Poisson regression, about 30 000,
-#: 1.76 s at 16 and 2.82 s at 64).
+#: Per-record entries (capacity × (Monte Carlo draws × 2n gradient entries, and the curvature
+#: rows' n(n + 1)/2 where they are released)) of one DP-SGD step of a whole batch.  Past about
+#: this many, a step no longer fits the CPU's caches and a replicate gets slower, not faster
+#: (2026-11-25, 2 cores: Beta–Bernoulli, 12 000 per replicate, took 0.60 / 0.47 / 0.38 s per
+#: replicate at 16 / 32 / 64; a 4-parameter Poisson regression, about 30 000, 1.76 s at 16 and
+#: 2.82 s at 64).
 REPLICATE_STEP_ELEMENTS = 2**20
 #: Fewest replicates worth a vmapped program; smaller batches are fitted one at a time.
 MIN_REPLICATE_BATCH = 16
@@ -672,12 +673,16 @@ class NADPVI(Mechanism):
         o = self.options
         d = 2 * model.n_params
         post = 2 * d + d * d // 8 + 8  # φ*, v, μ-correlations (at most (d/2)²/2), statistics
+        # A record's Monte Carlo gradients, and its curvature row where one is released
+        # (n(n + 1)/2 entries: 666 beside the default 10 draws × 72 gradient coordinates at 36 parameters).
+        n = model.n_params
+        per_record = o.mc_draws * d + release_dim(n, o.releases_curvature(n)) - d
         per_replicate = 8 * (
             3 * o.steps * d
             + o.chains * o.draws * post
-            + 4 * plan.details["batch_capacity"] * o.mc_draws * d
+            + 4 * plan.details["batch_capacity"] * per_record
         )
-        per_step = plan.details["batch_capacity"] * o.mc_draws * d
+        per_step = plan.details["batch_capacity"] * per_record
         memory, step_elements = replicate_limits(jax.devices()[0])
         fits_memory = memory // per_replicate
         fits_step = fits_memory if step_elements is None else step_elements // per_step

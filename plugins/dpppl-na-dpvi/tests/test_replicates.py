@@ -10,6 +10,7 @@ from scipy import stats
 
 from dpppl import record_model
 from dpppl.plugin import Progress, get_accountant, get_mechanism
+from dpppl_na_dpvi import mechanism as mechanism_module
 from dpppl_na_dpvi.mechanism import (
     ACCELERATOR_MEMORY_SHARE,
     MIN_REPLICATE_BATCH,
@@ -134,3 +135,29 @@ def test_on_an_accelerator_a_batch_takes_a_share_of_its_memory_and_has_no_cache_
         None,
     )
     assert replicate_limits(_Accelerator(None)) == (REPLICATE_MEMORY, None)
+
+
+def test_the_released_curvature_rows_count_toward_a_batch_step(monkeypatch):
+    """At 36 parameters a record's curvature row (666 entries) nearly doubles what a step holds
+    per record (its 10 Monte Carlo gradients of 72 coordinates): a batch that releases the rows
+    holds fewer replicates under the same step limit."""
+    rng = np.random.default_rng(0)
+    x = 0.5 * rng.normal(size=(2000, 35))
+    with pm.Model() as model:
+        w = pm.Normal("w", 0, 0.5, shape=35)
+        b0 = pm.Normal("b0", 0, 1)
+        pm.Bernoulli("y", logit_p=b0 + x @ w, observed=rng.binomial(1, 0.5, 2000))
+    compiled = record_model(model)
+    # A device with memory to spare and room for 2²⁴ entries a step, so the step limit decides.
+    monkeypatch.setattr(mechanism_module, "replicate_limits", lambda device: (2**40, 2**24))
+    sizes = {}
+    for curvature in ("diagonal", "full"):
+        mechanism = get_mechanism("na-dpvi")(curvature=curvature)
+        mechanism.check_model(compiled)
+        plan = mechanism.plan(
+            n_records=2000, epsilon=1.0, delta=1e-5, accountant=get_accountant("rdp")()
+        )
+        sizes[curvature] = mechanism.replicate_batch_size(compiled, plan)
+    assert not get_mechanism("na-dpvi")().options.releases_curvature(36)
+    assert get_mechanism("na-dpvi")(curvature="full").options.releases_curvature(36)
+    assert sizes["full"] < sizes["diagonal"] < 128
