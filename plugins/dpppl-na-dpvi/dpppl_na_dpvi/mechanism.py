@@ -673,8 +673,8 @@ class NADPVI(Mechanism):
         o = self.options
         d = 2 * model.n_params
         post = 2 * d + d * d // 8 + 8  # φ*, v, μ-correlations (at most (d/2)²/2), statistics
-        # A record's Monte Carlo gradients, and its curvature row where one is released
-        # (n(n + 1)/2 entries: 666 beside the default 10 draws × 72 gradient coordinates at 36 parameters).
+        # A record's Monte Carlo gradients, and its curvature row where one is released (n(n + 1)/2
+        # entries: at 36 parameters 666, beside the default 10 draws × 72 gradient coordinates).
         n = model.n_params
         per_record = o.mc_draws * d + release_dim(n, o.releases_curvature(n)) - d
         per_replicate = 8 * (
