@@ -151,7 +151,8 @@ def tarp(
         Dask) get the model without its records (see :func:`dpppl.model.record_structure.without_records`).
     n_workers
         Local worker processes when no client is given (default: the CPUs available, or 1 when
-        JAX computes on a GPU).
+        JAX computes on a GPU), each pinned to its own share of the CPUs (see
+        :mod:`dpppl.threads`).
         ``n_workers=1`` runs everything in this process.  Worker processes start with
         ``spawn``: a script must guard its entry point with ``if __name__ == "__main__":``.
     batch_size
