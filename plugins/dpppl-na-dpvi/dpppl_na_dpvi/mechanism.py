@@ -693,7 +693,7 @@ class NADPVI(Mechanism):
             min(fits_memory, fits_step),
             min(fits_memory, MIN_REPLICATE_BATCH),
         )
-        # A power of two: batches padded to one reuse the same compiled programs.
+        # A power of two, so a multiple of MIN_REPLICATE_BATCH, to which a last batch is padded.
         return int(np.clip(1 << max(0, int(batch).bit_length() - 1), 1, MAX_REPLICATE_BATCH))
 
     def fit_replicates(
