@@ -161,6 +161,16 @@ def test_held_out_models():
     assert set(row["marginal_rmse"]) == {"w[0]", "w[1]", "c0", "gap_log__[0]", "gap_log__[1]"}
 
 
+def test_held_out_models_fits_set_beside_the_truth_that_drew_them():
+    out = run_tutorial("held_out_models.py", "wide_regression", "--against-truth", "2", "--smoke")
+    row = json.loads(out.strip().splitlines()[-1])
+    # One entry per value variable, in the unconstrained coordinates (s as log s); smoke fits are
+    # too short to mean anything, so only the shape of the report is checked.
+    assert list(row["variables"]) == ["b0", "w", "s_log__"]
+    for figures in row["variables"].values():
+        assert figures["z_sd"] >= 0 and 0 <= figures["held_50"] <= figures["held_90"] <= 1
+
+
 def test_held_out_models_trace_against_exact_nuts():
     out = run_tutorial("held_out_models.py", "wide_regression", "--trace", "302", "--smoke")
     row = json.loads(out.strip().splitlines()[-1])

@@ -22,6 +22,14 @@ and prints how far the DP-SGD trace is from the exact posterior mean, in its sta
 deviations, along the trace: the check behind the burn-in diagnosis of stop 63::
 
     python tutorials/held_out_models.py wide_regression --trace 302
+
+``--against-truth COUNT`` fits COUNT data sets drawn from the prior (seeds ``--seed`` onwards), one
+private fit each, and prints per variable how the posterior stands to the truth that drew the
+data: the z-scores' sd and mean, the slope of the posterior mean regressed on the truth (1 when
+unbiased, below 1 when pulled towards the prior's centre), and how often the central 50 % and 90 %
+intervals held it.  The check behind stop 68's intercept diagnosis::
+
+    python tutorials/held_out_models.py wide_logistic --against-truth 30 --seed 1000 --option curvature=full
 """
 
 from __future__ import annotations
@@ -62,8 +70,11 @@ class HeldOutModel:
 
     def placeholder(self, rng: np.random.Generator) -> pm.Model:
         """The model on drawn covariates and zero outcomes, which a study replaces."""
-        y = np.zeros(self.n_records, dtype=int if self.discrete else float)
-        return self.build(self.covariates(rng), y)
+        return self.placeholder_for(self.covariates(rng))
+
+    def placeholder_for(self, X: np.ndarray) -> pm.Model:
+        """The model on covariates ``X`` and zero outcomes."""
+        return self.build(X, np.zeros(self.n_records, dtype=int if self.discrete else float))
 
 
 def correlated_pair(rng: np.random.Generator) -> np.ndarray:
@@ -260,14 +271,89 @@ def tarp_study(name: str, args: argparse.Namespace, options: dict) -> dict:
 
 def simulated_data(name: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Covariates and outcomes of one data set drawn from the model's prior."""
+    X, y, _ = drawn_truth(name, seed)
+    return X, y
+
+
+def drawn_truth(name: str, seed: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Covariates, outcomes and the parameters that drew them (by variable, as the model's
+    prior draws them) of one simulated data set."""
     held_out = MODELS[name]
     rng = np.random.default_rng(seed)
     X = held_out.covariates(rng)
-    model = held_out.build(
-        X, np.zeros(held_out.n_records, dtype=int if held_out.discrete else float)
-    )
-    y = pm.draw(model["y"], random_seed=rng)
-    return X, y
+    model = held_out.placeholder_for(X)
+    *values, y = pm.draw([*model.free_RVs, model["y"]], random_seed=rng)
+    return X, y, {rv.name: np.asarray(v) for rv, v in zip(model.free_RVs, values, strict=True)}
+
+
+def unconstrained(model: pm.Model, values: dict[str, np.ndarray], leading: int) -> np.ndarray:
+    """``values`` of the model's free variables (each with ``leading`` axes of draws in front) in
+    the unconstrained coordinates DP-SGD's μ lives in, flattened to (draws, n) in the order of
+    the model's value variables."""
+    columns = []
+    for rv in model.free_RVs:
+        value = np.asarray(values[rv.name], dtype=float)
+        transform = model.rvs_to_transforms.get(rv)
+        if transform is not None:
+            value = transform.forward(pt.as_tensor(value), *rv.owner.inputs).eval()
+        columns.append(np.reshape(value, (int(np.prod(value.shape[:leading])), -1)))
+    return np.concatenate(columns, axis=1)
+
+
+def private_fit(model: pm.Model, seed: int, args: argparse.Namespace, options: dict):
+    """One NA-DPVI fit of ``model`` at the study's settings (smoke size with ``--smoke``)."""
+    with model:
+        return dpppl.sample(
+            mechanism="na-dpvi",
+            epsilon=args.epsilon,
+            delta=DELTA,
+            random_seed=seed,
+            progressbar=False,
+            **{**(SMOKE_OPTIONS if args.smoke else STUDY_OPTIONS), **options},
+        )
+
+
+def against_truth(name: str, count: int, args: argparse.Namespace, options: dict) -> dict:
+    """``count`` private fits of data sets drawn from the prior, each set beside the truth that
+    drew it: per variable, the z-scores' sd and mean, the posterior mean's slope on the truth
+    and the central intervals' coverage."""
+    truths, means, sds, inside = [], [], [], []
+    for seed in range(args.seed, args.seed + count):
+        X, y, truth = drawn_truth(name, seed)
+        model = MODELS[name].build(X, y)
+        idata = private_fit(model, seed, args, options)
+        posterior = {rv.name: idata.posterior[rv.name].values for rv in model.free_RVs}
+        draws = unconstrained(model, posterior, leading=2)
+        theta = unconstrained(model, truth, leading=0)[0]
+        truths.append(theta)
+        means.append(draws.mean(axis=0))
+        sds.append(draws.std(axis=0))
+        inside.append(
+            [np.abs(np.mean(draws < theta, axis=0) - 0.5) < level / 2 for level in (0.5, 0.9)]
+        )
+    truths, means, sds, inside = map(np.array, (truths, means, sds, inside))
+    z = (means - truths) / sds
+    variables = [rv.name for rv in model.free_RVs]
+    sizes = [int(np.prod(np.shape(truth[v]))) or 1 for v in variables]
+    columns = np.split(np.arange(truths.shape[1]), np.cumsum(sizes)[:-1])
+    return {
+        "model": name,
+        "data_sets": count,
+        "epsilon": args.epsilon,
+        "options": options,
+        "variables": {
+            value.name: {
+                "z_sd": round(float(z[:, c].std()), 2),
+                "z_mean": round(float(z[:, c].mean()), 2),
+                "slope_on_truth": round(
+                    float(np.polyfit(truths[:, c].ravel(), means[:, c].ravel(), 1)[0]), 2
+                ),
+                "held_50": round(float(inside[:, 0, c].mean()), 2),
+                "held_90": round(float(inside[:, 1, c].mean()), 2),
+            }
+            for value, c in zip(model.value_vars, columns, strict=True)
+        },
+    }
 
 
 def unconstrained_draws(idata, model: pm.Model) -> tuple[np.ndarray, list[str]]:
@@ -300,15 +386,7 @@ def trace_displacement(name: str, seed: int, args: argparse.Namespace, options: 
     reference, names = unconstrained_draws(exact, model)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with build(X, y):
-            idata = dpppl.sample(
-                mechanism="na-dpvi",
-                epsilon=args.epsilon,
-                delta=DELTA,
-                random_seed=seed,
-                progressbar=False,
-                **{**(SMOKE_OPTIONS if args.smoke else STUDY_OPTIONS), **options},
-            )
+        idata = private_fit(build(X, y), seed, args, options)
     n = reference.shape[1]
     labels = [str(v) for v in idata["dpvi_trace"]["vi_param"].values[:n]]
     if labels != [f"mu[{label}]" for label in names]:
@@ -356,10 +434,19 @@ def main() -> None:
         metavar="SEED",
         help="one data set beside exact NUTS instead of a study",
     )
+    parser.add_argument(
+        "--against-truth",
+        type=int,
+        default=None,
+        metavar="COUNT",
+        help="COUNT data sets, each fit beside the truth that drew it, instead of a study",
+    )
     parser.add_argument("--smoke", action="store_true", help="K = 2 (or NUTS 100 draws), 300 steps")
     args = parser.parse_args()
     options = dict(parse_option(o) for o in args.option)
-    if args.trace is not None:
+    if args.against_truth is not None:
+        print(json.dumps(against_truth(args.model, args.against_truth, args, options)))
+    elif args.trace is not None:
         print(json.dumps(trace_displacement(args.model, args.trace, args, options)))
     else:
         print(json.dumps(tarp_study(args.model, args, options)))
