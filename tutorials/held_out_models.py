@@ -334,7 +334,7 @@ def against_truth(name: str, count: int, args: argparse.Namespace, options: dict
     truths, means, sds, inside = map(np.array, (truths, means, sds, inside))
     z = (means - truths) / sds
     variables = [rv.name for rv in model.free_RVs]
-    sizes = [int(np.prod(np.shape(truth[v]))) or 1 for v in variables]
+    sizes = [int(np.prod(np.shape(truth[v]))) for v in variables]
     columns = np.split(np.arange(truths.shape[1]), np.cumsum(sizes)[:-1])
     return {
         "model": name,
