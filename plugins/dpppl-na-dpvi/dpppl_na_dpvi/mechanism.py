@@ -222,7 +222,9 @@ class NADPVI(Mechanism):
         ``"full"``: a full curvature matrix for the μ-coordinates (needed when the posterior is
         correlated), with a prior on its correlation (option ``correlation_prior``);
         ``"diagonal"``: the paper's diagonal A; ``"auto"`` (default): full for 2 to 30 model
-        parameters.
+        parameters.  ``"full"`` past 30 parameters (the likelihood model) is told, before any
+        budget is spent, that it was measured miscalibrated there (``tutorials/RESULTS.md``,
+        stop 68).
     correlation_prior
         What informs the correlation R of the full μ-block of A (``curvature``).  The trace alone
         barely does (a few relaxation times of μ), so without more R is left to its prior, and
@@ -517,6 +519,26 @@ class NADPVI(Mechanism):
             # Said here, before any budget is spent, so that the user can stop and rewrite the
             # model; what the fit would release is known from the model's structure alone.
             warn_user(self._hierarchy_warning(model))
+        if self._wide_likelihood(model):
+            warn_user(
+                f"the likelihood model past {MAX_FULL_CURVATURE} parameters ({model.n_params} "
+                "here, curvature='full') is not calibrated: under its wander-bounded rates "
+                "DP-SGD barely leaves its start, and the quadratic log-likelihood extrapolated "
+                "from there pulled a 36-parameter logistic regression's intercept towards the "
+                "marginal log-odds and put a 42-parameter regression's log noise scale about 15 "
+                "posterior sds above the truth (tutorials/RESULTS.md, stop 68); the default "
+                "curvature='auto' reads this model with a diagonal curvature"
+            )
+
+    def _wide_likelihood(self, model: RecordModel) -> bool:
+        """Whether the likelihood model would read a trace of more than ``MAX_FULL_CURVATURE``
+        parameters at wander-bounded rates: measured miscalibrated (stop 68)."""
+        n = model.n_params
+        return (
+            n > MAX_FULL_CURVATURE
+            and self._postprocessing(model) == "likelihood"
+            and self.options.wander_bounded_rates(n)
+        )
 
     def _hierarchy_warning(self, model: RecordModel) -> str:
         """What a model whose records read its parameters through fewer functions of them
