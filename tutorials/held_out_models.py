@@ -286,18 +286,20 @@ def drawn_truth(name: str, seed: int) -> tuple[np.ndarray, np.ndarray, dict[str,
     return X, y, {rv.name: np.asarray(v) for rv, v in zip(model.free_RVs, values, strict=True)}
 
 
-def unconstrained(model: pm.Model, values: dict[str, np.ndarray], leading: int) -> np.ndarray:
+def unconstrained(
+    model: pm.Model, values: dict[str, np.ndarray], leading: int
+) -> dict[str, np.ndarray]:
     """``values`` of the model's free variables (each with ``leading`` axes of draws in front) in
-    the unconstrained coordinates DP-SGD's μ lives in, flattened to (draws, n) in the order of
-    the model's value variables."""
-    columns = []
-    for rv in model.free_RVs:
+    the unconstrained coordinates DP-SGD's μ lives in, each flattened to (draws, size), by value
+    variable in the model's order."""
+    blocks = {}
+    for rv, value_var in zip(model.free_RVs, model.value_vars, strict=True):
         value = np.asarray(values[rv.name], dtype=float)
         transform = model.rvs_to_transforms.get(rv)
         if transform is not None:
             value = transform.forward(pt.as_tensor(value), *rv.owner.inputs).eval()
-        columns.append(np.reshape(value, (int(np.prod(value.shape[:leading])), -1)))
-    return np.concatenate(columns, axis=1)
+        blocks[value_var.name] = np.reshape(value, (int(np.prod(value.shape[:leading])), -1))
+    return blocks
 
 
 def private_fit(model: pm.Model, seed: int, args: argparse.Namespace, options: dict):
@@ -323,8 +325,9 @@ def against_truth(name: str, count: int, args: argparse.Namespace, options: dict
         model = MODELS[name].build(X, y)
         idata = private_fit(model, seed, args, options)
         posterior = {rv.name: idata.posterior[rv.name].values for rv in model.free_RVs}
-        draws = unconstrained(model, posterior, leading=2)
-        theta = unconstrained(model, truth, leading=0)[0]
+        blocks = unconstrained(model, posterior, leading=2)
+        draws = np.concatenate(list(blocks.values()), axis=1)
+        theta = np.concatenate(list(unconstrained(model, truth, leading=0).values()), axis=1)[0]
         truths.append(theta)
         means.append(draws.mean(axis=0))
         sds.append(draws.std(axis=0))
@@ -333,8 +336,9 @@ def against_truth(name: str, count: int, args: argparse.Namespace, options: dict
         )
     truths, means, sds, inside = map(np.array, (truths, means, sds, inside))
     z = (means - truths) / sds
-    variables = [rv.name for rv in model.free_RVs]
-    sizes = [int(np.prod(np.shape(truth[v]))) for v in variables]
+    # Each value variable's columns, sized in the unconstrained coordinates (a simplex has one
+    # fewer there).
+    sizes = [block.shape[1] for block in blocks.values()]
     columns = np.split(np.arange(truths.shape[1]), np.cumsum(sizes)[:-1])
     return {
         "model": name,
@@ -342,7 +346,7 @@ def against_truth(name: str, count: int, args: argparse.Namespace, options: dict
         "epsilon": args.epsilon,
         "options": options,
         "variables": {
-            value.name: {
+            variable: {
                 "z_sd": round(float(z[:, c].std()), 2),
                 "z_mean": round(float(z[:, c].mean()), 2),
                 "slope_on_truth": round(
@@ -351,7 +355,7 @@ def against_truth(name: str, count: int, args: argparse.Namespace, options: dict
                 "held_50": round(float(inside[:, 0, c].mean()), 2),
                 "held_90": round(float(inside[:, 1, c].mean()), 2),
             }
-            for value, c in zip(model.value_vars, columns, strict=True)
+            for variable, c in zip(blocks, columns, strict=True)
         },
     }
 

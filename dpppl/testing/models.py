@@ -54,6 +54,18 @@ def logistic_regression(rng):
     return model
 
 
+def wide_logistic_regression(rng, n_covariates: int = 35, n_records: int = 2000):
+    """A logistic regression past NA-DPVI's 30 parameters, where its defaults switch to a diagonal
+    curvature: covariates X (``pm.Data``) 0.5 · N(0, 1), w ~ N(0, 0.5²), b0 ~ N(0, 1)."""
+    x = 0.5 * rng.standard_normal((n_records, n_covariates))
+    with pm.Model(coords={"feature": range(n_covariates)}) as model:
+        X = pm.Data("X", x)
+        b0 = pm.Normal("b0", 0, 1)
+        w = pm.Normal("w", 0, 0.5, dims="feature")
+        pm.Bernoulli("y", logit_p=b0 + X @ w, observed=rng.binomial(1, 0.5, n_records))
+    return model
+
+
 def two_observed(rng):
     with pm.Model(coords={"obs": range(N)}) as model:
         mu = pm.Normal("mu", 0, 3)

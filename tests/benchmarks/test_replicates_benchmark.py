@@ -27,6 +27,7 @@ import pymc as pm
 import pytest
 
 import dpppl
+from dpppl.testing.models import wide_logistic_regression
 
 pytestmark = pytest.mark.benchmark
 
@@ -82,22 +83,11 @@ def test_a_dask_cluster_of_two_workers_against_one():
     assert (table["rmse"] < 0.08).all()
 
 
-def wide_logistic(seed: int = 0) -> pm.Model:
-    rng = np.random.default_rng(seed)
-    x = 0.5 * rng.standard_normal((2000, 35))
-    with pm.Model() as model:
-        data = pm.Data("X", x)
-        b0 = pm.Normal("b0", 0, 1)
-        w = pm.Normal("w", 0, 0.5, shape=35)
-        pm.Bernoulli("y", logit_p=b0 + data @ w, observed=rng.binomial(1, 0.5, 2000))
-    return model
-
-
 def test_two_local_worker_processes_against_this_process_alone():
     def wide_study(k: int, workers: int) -> float:
         start = time.perf_counter()
         dpppl.tarp(
-            wide_logistic(k),
+            wide_logistic_regression(np.random.default_rng(k)),
             n_simulations=k,
             covariates=lambda rng: {"X": 0.5 * rng.standard_normal((2000, 35))},
             n_workers=workers,

@@ -16,6 +16,7 @@ import dpppl
 from dpppl import record_model
 from dpppl.plugin import get_accountant, get_mechanism, poisson_subsampled_gaussian
 from dpppl.testing import example_models
+from dpppl.testing.models import wide_logistic_regression
 from dpppl_na_dpvi import postprocess
 from dpppl_na_dpvi.heuristics import default_clipping_bound
 
@@ -390,25 +391,16 @@ def test_a_non_centred_hierarchy_is_told_before_any_budget_is_spent():
         mechanism.check_model(record_model(centred_groups(centred=True)))
 
 
-def logistic_regression(n_covariates: int) -> pm.Model:
-    x = np.random.default_rng(0).normal(size=(200, n_covariates))
-    with pm.Model(coords={"feature": range(n_covariates)}) as model:
-        b0 = pm.Normal("b0", 0.0, 1.0)
-        w = pm.Normal("w", 0.0, 0.5, dims="feature")
-        pm.Bernoulli("y", logit_p=b0 + x @ w, observed=np.zeros(200, dtype=int))
-    return model
-
-
 WIDE_LIKELIHOOD = "likelihood model past 30 parameters .* is not calibrated"
 
 
 def test_the_likelihood_model_past_thirty_parameters_is_told_before_any_budget_is_spent():
     # Measured miscalibrated at 36 and 42 parameters (tutorials/RESULTS.md, stop 68): the user
     # who asks for curvature='full' there is told so by the model's check, before the plan.
-    wide = record_model(logistic_regression(35))
+    wide = record_model(wide_logistic_regression(np.random.default_rng(0)))
     with pytest.warns(UserWarning, match=WIDE_LIKELIHOOD):
         get_mechanism("na-dpvi")(curvature="full").check_model(wide)
-    narrow = record_model(logistic_regression(29))
+    narrow = record_model(wide_logistic_regression(np.random.default_rng(0), n_covariates=29))
     for options, model in [({}, wide), ({"curvature": "full"}, narrow)]:
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -10,6 +10,7 @@ from scipy import stats
 
 from dpppl import record_model
 from dpppl.plugin import Progress, get_accountant, get_mechanism
+from dpppl.testing.models import wide_logistic_regression
 from dpppl_na_dpvi import mechanism as mechanism_module
 from dpppl_na_dpvi.mechanism import (
     ACCELERATOR_MEMORY_SHARE,
@@ -155,13 +156,7 @@ def test_the_released_curvature_rows_count_toward_a_batch_step(monkeypatch):
     """At 36 parameters a record's curvature row (666 entries) nearly doubles what a step holds
     per record (its 10 Monte Carlo gradients of 72 coordinates): a batch that releases the rows
     holds fewer replicates under the same step limit."""
-    rng = np.random.default_rng(0)
-    x = 0.5 * rng.normal(size=(2000, 35))
-    with pm.Model() as model:
-        w = pm.Normal("w", 0, 0.5, shape=35)
-        b0 = pm.Normal("b0", 0, 1)
-        pm.Bernoulli("y", logit_p=b0 + x @ w, observed=rng.binomial(1, 0.5, 2000))
-    compiled = record_model(model)
+    compiled = record_model(wide_logistic_regression(np.random.default_rng(0)))
     # A device with memory to spare and room for 2²⁴ entries a step, so the step limit decides.
     monkeypatch.setattr(mechanism_module, "replicate_limits", lambda device: (2**40, 2**24))
     sizes = {}
