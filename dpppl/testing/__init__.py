@@ -62,6 +62,7 @@ from dpppl.testing.models import (
     linear_regression,
     logistic_regression,
     two_observed,
+    wide_logistic_regression,
     with_potential,
 )
 from dpppl.testing.noise_audit import (
@@ -96,5 +97,6 @@ __all__ = [
     "mechanism_checks",
     "subsampled_gaussian_epsilon_bounds",
     "two_observed",
+    "wide_logistic_regression",
     "with_potential",
 ]

@@ -27,7 +27,7 @@ import pymc as pm
 import pytest
 
 import dpppl
-from dpppl.testing.models import wide_logistic_regression
+from dpppl.testing import wide_logistic_regression
 
 pytestmark = pytest.mark.benchmark
 

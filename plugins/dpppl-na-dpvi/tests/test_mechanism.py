@@ -15,8 +15,7 @@ import pytest
 import dpppl
 from dpppl import record_model
 from dpppl.plugin import get_accountant, get_mechanism, poisson_subsampled_gaussian
-from dpppl.testing import example_models
-from dpppl.testing.models import wide_logistic_regression
+from dpppl.testing import example_models, wide_logistic_regression
 from dpppl_na_dpvi import postprocess
 from dpppl_na_dpvi.heuristics import default_clipping_bound
 

@@ -10,7 +10,7 @@ from scipy import stats
 
 from dpppl import record_model
 from dpppl.plugin import Progress, get_accountant, get_mechanism
-from dpppl.testing.models import wide_logistic_regression
+from dpppl.testing import wide_logistic_regression
 from dpppl_na_dpvi import mechanism as mechanism_module
 from dpppl_na_dpvi.mechanism import (
     ACCELERATOR_MEMORY_SHARE,
