@@ -61,11 +61,15 @@ class Replicates:
 
     def run(self, seeds: list[np.random.SeedSequence]) -> Chunk:
         """θ_k, posterior draws and fit warnings for a chunk of replicates, fitted
-        ``batch_size`` at a time by the mechanism's :meth:`~dpppl.Mechanism.fit_replicates`."""
+        ``batch_size`` at a time by the mechanism's :meth:`~dpppl.Mechanism.fit_replicates`.
+
+        A shorter batch is filled up with copies of its last replicate, whose releases are
+        dropped: a vectorised mechanism then runs every batch on one compiled program."""
         truth, samples, messages = [], [], []
         for start in range(0, len(seeds), self.batch_size):
             batch = seeds[start : start + self.batch_size]
-            replicates = [ReplicateSeeds(*children(s, 4)) for s in batch]
+            filled = batch + batch[-1:] * (self.batch_size - len(batch))
+            replicates = [ReplicateSeeds(*children(s, 4)) for s in filled]
             thetas = [self.simulator.prior(r.prior).theta for r in replicates]
             datasets = [
                 self.simulator.data(
@@ -84,6 +88,7 @@ class Replicates:
                     seeds=[np.random.SeedSequence(r.fit.generate_state(8)) for r in replicates],
                     progress=Progress(False),
                 )
+            thetas, releases = thetas[: len(batch)], releases[: len(batch)]
             for seed, release in zip(batch, releases, strict=True):
                 _refuse_non_finite_draws(release, seed)
             truth += thetas

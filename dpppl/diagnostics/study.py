@@ -157,9 +157,11 @@ def tarp(
         ``spawn``: a script must guard its entry point with ``if __name__ == "__main__":``.
     batch_size
         Replicates fitted at once, as one vectorised program where the mechanism has one
-        (:meth:`~dpppl.Mechanism.fit_replicates`; it may fit a batch too small to gain from one
-        a replicate at a time); None lets the mechanism size its batches to JAX's default
-        device, 1 fits them one at a time.  Batches are the same on every executor, so the
+        (:meth:`~dpppl.Mechanism.fit_replicates`); None cuts the study into as few equal
+        batches as the mechanism's largest batch for JAX's default device allows (40 under a
+        limit of 16: three of 14), 1 fits them one at a time.  The last batch is filled up to
+        the others' size with copies of its last replicate, whose fits are dropped, so that a
+        vectorised mechanism compiles one program for the study.  Batches are the same on every executor, so the
         study's numbers do not depend on where it runs.  A replicate's random stream depends on
         its batch, so with None a study on a GPU, which gets larger batches, is statistically
         the same as on a CPU but not identical: give ``batch_size`` to reproduce one exactly.
@@ -210,7 +212,9 @@ def tarp(
         mechanism_obj, simulated, epsilon=epsilon, delta=delta, accountant=accountant
     )
     if batch_size is None:
-        batch_size = mechanism_obj.replicate_batch_size(simulated, plan)
+        batch_size = equal_batches(
+            n_simulations, mechanism_obj.replicate_batch_size(simulated, plan)
+        )
     replicates = Replicates(
         simulated, sim, mechanism_obj, plan, source, n, n_posterior_draws, batch_size
     )
@@ -505,6 +509,12 @@ _STUDY_OPTIONS = frozenset(
     for name, parameter in inspect.signature(tarp).parameters.items()
     if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in _SETTING_KEYS
 )
+
+
+def equal_batches(count: int, limit: int) -> int:
+    """The size of the fewest equal batches of at most ``limit`` that hold ``count`` items."""
+    batches = -(-count // max(1, limit))
+    return -(-count // batches)
 
 
 def _study_attrs(

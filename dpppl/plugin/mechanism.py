@@ -261,9 +261,10 @@ class Mechanism(ABC):
         """
 
     def replicate_batch_size(self, model: RecordModel, plan: PrivacyPlan) -> int:
-        """How many replicates :meth:`fit_replicates` should be given at once (1: no gain from
+        """The most replicates :meth:`fit_replicates` should be given at once (1: no gain from
         more).  A vectorised mechanism sizes its batches to the memory of JAX's default device
-        here."""
+        here.  A study cuts its replicates into the fewest equal batches within this limit and
+        fills the last up to their size, so every batch it hands over has one size."""
         return 1
 
     def fit_replicates(

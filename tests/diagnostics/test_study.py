@@ -97,6 +97,24 @@ class NonFiniteAbove(ExactBetaBernoulli):
         return super().fit(model, data, plan, seed=seed, progress=progress)
 
 
+#: The size of every batch BatchedExactBetaBernoulli was given in this process, in order.
+BATCHES: list[int] = []
+
+
+class BatchedExactBetaBernoulli(ExactBetaBernoulli):
+    """ExactBetaBernoulli that asks for batches of at most 16 and records their sizes in
+    ``BATCHES``."""
+
+    name = "test-batched-beta-bernoulli"
+
+    def replicate_batch_size(self, model, plan):
+        return 16
+
+    def fit_replicates(self, model, datasets, plan, *, seeds, progress):
+        BATCHES.append(len(datasets))
+        return super().fit_replicates(model, datasets, plan, seeds=seeds, progress=progress)
+
+
 class PriorDraws(_TestDouble):
     """Releases draws from the model's prior, whatever the data: calibrated for any model."""
 
@@ -117,6 +135,7 @@ class _Plugin:
     def register_mechanisms(self, register):
         register(ExactBetaBernoulli)
         register(NonFiniteAbove)
+        register(BatchedExactBetaBernoulli)
         register(PriorDraws)
 
 
@@ -342,6 +361,20 @@ def test_plot_tarp_saves_one_png(beta_bernoulli, tmp_path):
 
 
 # -- executors --------------------------------------------------------------------------------
+
+
+def test_a_study_is_cut_into_equal_batches_and_drops_the_fits_that_fill_the_last(beta_bernoulli):
+    # 40 under a limit of 16: 14 + 14 + 12 filled up to 14, so a vectorised mechanism compiles
+    # one program, not one of 16 and another for the last 8.
+    BATCHES.clear()
+    batched = exact_study(beta_bernoulli, mechanism="test-batched-beta-bernoulli", n_simulations=40)
+    assert BATCHES == [14, 14, 14]
+    assert batched.attrs["batch_size"] == 14
+    one_at_a_time = exact_study(
+        beta_bernoulli, mechanism="test-batched-beta-bernoulli", n_simulations=40, batch_size=1
+    )
+    xr.testing.assert_identical(batched.drop_attrs(), one_at_a_time.drop_attrs())
+
 
 
 @pytest.fixture(scope="module")

@@ -223,19 +223,35 @@ def _chunk_runner(
     counted: bool = False,
     curvature: bool = False,
 ):
-    """``chunk`` steps under ``jax.lax.scan``, jitted; with ``replicates``, vmapped over a leading
-    replicate axis of the iterate, key, data and settings (the grid is shared).  The curvature
-    releases come out summed over the chunk."""
+    """Up to ``chunk`` steps under ``jax.lax.scan``, jitted; with ``replicates``, vmapped over a
+    leading replicate axis of the iterate, key, data and settings (the grid is shared).
+
+    The number of steps is a traced argument ``length`` ≤ ``chunk``: the steps past it do not
+    run (no batch is drawn and nothing is released), and their outputs are zeros for the caller
+    to drop.  So a run whose phases are not multiples of ``chunk`` compiles one program, not one
+    per remainder.  The curvature releases come out summed over the chunk."""
     step = make_step(model, capacity, mc_draws, snapped, counted, curvature)
 
-    def run(phi, key, data, settings, grid):
+    def run(phi, key, data, settings, grid, length):
         keys = jax.random.split(key, chunk)
-        phi, out = jax.lax.scan(lambda carry, k: step(carry, k, data, settings, grid), phi, keys)
+        shapes = jax.eval_shape(step, phi, keys[0], data, settings, grid)[1]
+        # The steps' outputs go into buffers of the chunk's size; the loop stops at ``length``.
+        buffers = jax.tree.map(lambda a: jnp.zeros((chunk, *a.shape), a.dtype), shapes)
+
+        def one(i, state):
+            phi, buffers = state
+            phi, out = step(phi, keys[i], data, settings, grid)
+            return phi, jax.tree.map(lambda b, o: b.at[i].set(o), buffers, out)
+
+        phi, out = jax.lax.fori_loop(0, length, one, (phi, buffers))
+        ran = jnp.arange(chunk) < length
         return phi, out._replace(
-            exact=jnp.all(out.exact), curvature=jnp.sum(out.curvature, axis=0)
+            exact=jnp.all(out.exact | ~ran), curvature=jnp.sum(out.curvature, axis=0)
         )
 
-    return jax.jit(jax.vmap(run, in_axes=(0, 0, 0, _SETTINGS_AXES, None)) if replicates else run)
+    return jax.jit(
+        jax.vmap(run, in_axes=(0, 0, 0, _SETTINGS_AXES, None, None)) if replicates else run
+    )
 
 
 class Schedule(Protocol):
@@ -353,6 +369,15 @@ def _device_data(
     return _stack(counted)
 
 
+def _first_steps(out: StepOutput, length: int) -> StepOutput:
+    """A chunk's per-step outputs (replicate, step, ...) cut to the ``length`` steps it ran."""
+    return out._replace(
+        phi=out.phi[:, :length],
+        noisy_grad=out.noisy_grad[:, :length],
+        noisy_sum=out.noisy_sum[:, :length],
+    )
+
+
 def run_dpsgd_replicates(
     model: RecordModel,
     data: Sequence[Mapping[str, np.ndarray]],
@@ -403,23 +428,24 @@ def run_dpsgd_replicates(
         device_data = jax.tree.map(lambda a: a[0], device_data)
     outputs: list[StepOutput] = []
     preconditioners = []
+    size = max(lengths)
+    run = model.cached(
+        ("na-dpvi", "dpsgd", capacity, mc_draws, size, snapped, vectorised, counted, curvature),
+        lambda: _chunk_runner(
+            model, capacity, mc_draws, size, snapped, vectorised, counted, curvature
+        ),
+    )
     with progress.task("DP-SGD", total=steps) as bar:
         for i, length in enumerate(lengths):
-            run = model.cached(
-                (
-                    "na-dpvi", "dpsgd", capacity, mc_draws, length, snapped, vectorised, counted,
-                    curvature,
-                ),
-                lambda length=length: _chunk_runner(
-                    model, capacity, mc_draws, length, snapped, vectorised, counted, curvature
-                ),
-            )
             grid_value = grid if snapped else 0.0
             if vectorised:
-                phi, out = run(phi, chunk_keys[:, i], device_data, stacked, grid_value)
+                phi, out = run(phi, chunk_keys[:, i], device_data, stacked, grid_value, length)
             else:
-                last, out = run(phi[0], chunk_keys[0, i], device_data, settings[0], grid_value)
+                last, out = run(
+                    phi[0], chunk_keys[0, i], device_data, settings[0], grid_value, length
+                )
                 phi, out = last[None], jax.tree.map(lambda x: x[None], out)
+            out = _first_steps(out, length)
             require_exact(jnp.all(out.exact))
             outputs.append(out)
             preconditioners.append(

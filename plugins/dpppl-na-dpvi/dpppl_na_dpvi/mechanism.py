@@ -84,7 +84,7 @@ REPLICATE_MEMORY = 2**30
 #: replicate at 16 / 32 / 64; a 4-parameter Poisson regression, about 30 000, 1.76 s at 16 and
 #: 2.82 s at 64).
 REPLICATE_STEP_ELEMENTS = 2**20
-#: Fewest replicates worth a vmapped program; smaller batches are fitted one at a time.
+#: Fewest replicates a batch holds where memory allows, whatever the step limit.
 MIN_REPLICATE_BATCH = 16
 #: Most replicates in one vmapped program: beyond this, batches gain little and compile slowly.
 MAX_REPLICATE_BATCH = 128
@@ -690,8 +690,8 @@ class NADPVI(Mechanism):
         """Replicates per vmapped program on JAX's default device: as many as fit in its memory
         limit (the trace, the post-processing draws and a DP-SGD step's per-record gradients of
         each) and, on a CPU, keep one step's per-record gradients of the whole batch within
-        ``REPLICATE_STEP_ELEMENTS``, but at least ``MIN_REPLICATE_BATCH`` where memory allows,
-        rounded down to a power of two (see :func:`replicate_limits`)."""
+        ``REPLICATE_STEP_ELEMENTS``, but at least ``MIN_REPLICATE_BATCH`` where memory allows
+        (see :func:`replicate_limits`)."""
         o = self.options
         d = 2 * model.n_params
         post = 2 * d + d * d // 8 + 8  # φ*, v, μ-correlations (at most (d/2)²/2), statistics
@@ -708,15 +708,14 @@ class NADPVI(Mechanism):
         memory, step_elements = replicate_limits(jax.devices()[0])
         fits_memory = memory // per_replicate
         fits_step = fits_memory if step_elements is None else step_elements // per_step
-        # Below MIN_REPLICATE_BATCH the replicates run one at a time, slower than a batch whose
-        # step outgrows the caches (10-D regression, d = 24: 215 µs per step one at a time,
-        # 146 per replicate-step at 16, 2026-11-26), so memory alone caps that floor.
+        # One replicate at a time is slower than a batch whose step outgrows the caches (10-D
+        # regression, d = 24: 215 µs per step one at a time, 146 per replicate-step at 16,
+        # 2026-11-26), so memory alone caps the floor MIN_REPLICATE_BATCH.
         batch = max(
             min(fits_memory, fits_step),
             min(fits_memory, MIN_REPLICATE_BATCH),
         )
-        # A power of two, so a multiple of MIN_REPLICATE_BATCH, to which a last batch is padded.
-        return int(np.clip(1 << max(0, int(batch).bit_length() - 1), 1, MAX_REPLICATE_BATCH))
+        return int(np.clip(batch, 1, MAX_REPLICATE_BATCH))
 
     def fit_replicates(
         self,
@@ -727,34 +726,14 @@ class NADPVI(Mechanism):
         seeds: Sequence[np.random.SeedSequence],
         progress: Progress,
     ) -> list[Release]:
-        """The replicates as vmapped programs of :meth:`replicate_batch_size` replicates at most.
+        """The replicates as one vmapped program; a single replicate on the single-fit program.
 
-        The last batch is padded with copies of its last replicate (whose results are dropped) to
-        a multiple of ``MIN_REPLICATE_BATCH``, so studies compile a few programs rather than one
-        per size, and waste fewer than ``MIN_REPLICATE_BATCH`` fits: padded to a power of two, a
-        study of 40 fitted 64, and NUTS takes as long on a copy as on a replicate.
+        :func:`dpppl.tarp` hands every batch of a study over at one size, so a study compiles
+        one program.
         """
-        batch = self.replicate_batch_size(model, plan)
-        releases: list[Release] = []
-        for start in range(0, len(datasets), batch):
-            part = list(datasets[start : start + batch])
-            part_seeds = list(seeds[start : start + batch])
-            if len(part) < MIN_REPLICATE_BATCH:
-                # Compiling a vmapped program costs more than it saves on a few replicates.
-                for data, seed in zip(part, part_seeds, strict=True):
-                    releases += self._fit(model, [data], plan, [seed], progress, replicates=False)
-                continue
-            padding = -len(part) % MIN_REPLICATE_BATCH
-            fitted = self._fit(
-                model,
-                part + part[-1:] * padding,
-                plan,
-                part_seeds + part_seeds[-1:] * padding,
-                progress,
-                replicates=True,
-            )
-            releases += fitted[: len(part)]
-        return releases
+        return self._fit(
+            model, list(datasets), plan, list(seeds), progress, replicates=len(datasets) > 1
+        )
 
     def _fit(
         self,

@@ -72,43 +72,38 @@ def test_vectorised_replicates_release_what_single_fits_release(setting):
     assert np.abs(correlations).max() < 5 / np.sqrt(flat.shape[1])
 
 
-def test_a_batch_is_padded_to_a_multiple_of_the_smallest_and_returns_one_release_per_data_set(
-    setting, monkeypatch
-):
+def test_a_batch_is_one_program_and_returns_one_release_per_data_set(setting, monkeypatch):
     mechanism, model, plan = setting
-    assert mechanism.replicate_batch_size(model, plan) >= 64
-    fitted_sizes = []
+    fitted = []
     fit = mechanism._fit
 
-    def counting_fit(model, datasets, *args, **kwargs):
-        fitted_sizes.append(len(datasets))
-        return fit(model, datasets, *args, **kwargs)
+    def counting_fit(model, datasets, *args, replicates, **kwargs):
+        fitted.append((len(datasets), replicates))
+        return fit(model, datasets, *args, replicates=replicates, **kwargs)
 
     monkeypatch.setattr(mechanism, "_fit", counting_fit)
-    n = 2 * MIN_REPLICATE_BATCH + 8
+    n = 14
     data = model.data()
     seeds = np.random.SeedSequence(2).spawn(n)
     releases = mechanism.fit_replicates(model, [data] * n, plan, seeds=seeds,
                                         progress=Progress(False))
-    # One program of 48 fits, not of the next power of two, 64: a copy costs a replicate's time.
-    assert fitted_sizes == [3 * MIN_REPLICATE_BATCH]
+    assert fitted == [(n, True)]
     assert len(releases) == n
-    sums = _sums(releases)
-    assert len({s.tobytes() for s in sums}) == n
+    assert len({s.tobytes() for s in _sums(releases)}) == n
 
 
-def test_a_few_replicates_are_fitted_one_at_a_time_as_single_fits_are(setting):
+def test_a_batch_of_one_is_fitted_as_a_single_fit_is(setting):
     mechanism, model, plan = setting
     data = model.data()
-    seeds = np.random.SeedSequence(3).spawn(2)
-    few = mechanism.fit_replicates(model, [data] * 2, plan, seeds=seeds, progress=Progress(False))
-    single = [mechanism.fit(model, data, plan, seed=s, progress=Progress(False)) for s in seeds]
-    np.testing.assert_array_equal(_sums(few), _sums(single))
+    [seed] = np.random.SeedSequence(3).spawn(1)
+    [one] = mechanism.fit_replicates(model, [data], plan, seeds=[seed], progress=Progress(False))
+    single = mechanism.fit(model, data, plan, seed=seed, progress=Progress(False))
+    np.testing.assert_array_equal(_sums([one]), _sums([single]))
 
 
-def test_a_model_with_large_steps_still_fits_its_replicates_as_one_program():
-    """Below MIN_REPLICATE_BATCH replicates run one at a time, which is slower than a batch whose
-    step outgrows the CPU's caches: memory alone caps that floor."""
+def test_a_model_with_large_steps_still_gets_batches_of_the_smallest_size():
+    """One replicate at a time is slower than a batch whose step outgrows the CPU's caches, so
+    a batch holds at least MIN_REPLICATE_BATCH replicates where memory allows."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(5000, 10))
     with pm.Model() as model:
