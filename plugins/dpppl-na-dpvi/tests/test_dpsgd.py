@@ -237,3 +237,24 @@ def test_an_anchored_phase_must_leave_free_steps(model):
     with pytest.raises(ValueError, match="free"):
         run_dpsgd(model, model.data(), schedule.initial_phi(), schedule, steps=200, capacity=50,
                   mc_draws=4, key=jax.random.key(3), progress=Progress(False), anchored_steps=100)
+
+
+def _dpsgd_programs(model) -> set:
+    return {key for key in model.compiled.cache(model.n_records) if key[:2] == ("na-dpvi", "dpsgd")}
+
+
+def test_phases_that_are_not_whole_chunks_run_every_step_on_one_compiled_program(model):
+    # Burn-in 70 = 50 + 20 and 260 = 5 × 50 + 10 free steps (330), or 300 = 6 × 50 (370): one
+    # program of 50 steps runs every chunk, the shorter ones stopping at their length.
+    before = _dpsgd_programs(model)
+    for steps in (330, 370):
+        schedule = StandardisedSchedule(model, noise_multiplier=2.0, sampling_rate=0.5,
+                                        steps=steps, burn_in_steps=70)
+        trace, _ = run_dpsgd(model, model.data(), schedule.initial_phi(), schedule, steps=steps,
+                             capacity=50, mc_draws=4, key=jax.random.key(4),
+                             progress=Progress(False), chunk=50)
+        assert trace.phi.shape[0] == steps + 1 and trace.noisy_sum.shape[0] == steps
+        # Every step released a noisy sum and moved the iterate: no idle step's zeros kept.
+        assert np.all(np.abs(trace.noisy_sum).min(axis=1) > 0)
+        assert np.all(np.abs(np.diff(trace.phi, axis=0)).max(axis=1) > 0)
+    assert len(_dpsgd_programs(model) - before) <= 1
