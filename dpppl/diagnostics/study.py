@@ -156,12 +156,12 @@ def tarp(
         ``n_workers=1`` runs everything in this process.  Worker processes start with
         ``spawn``: a script must guard its entry point with ``if __name__ == "__main__":``.
     batch_size
-        Replicates fitted at once, as one vectorised program where the mechanism has one
-        (:meth:`~dpppl.Mechanism.fit_replicates`); None cuts the study into as few equal
-        batches as the mechanism's largest batch for JAX's default device allows (40 under a
-        limit of 16: three of 14), 1 fits them one at a time.  The last batch is filled up to
-        the others' size with copies of its last replicate, whose fits are dropped, so that a
-        vectorised mechanism compiles one program for the study.  Batches are the same on every executor, so the
+        Most replicates fitted at once, as one vectorised program where the mechanism has one
+        (:meth:`~dpppl.Mechanism.fit_replicates`); None takes the mechanism's largest batch for
+        JAX's default device, 1 fits them one at a time.  The study runs in the fewest equal
+        batches within it (40 under 16: three of 14), the last filled up to the others' size
+        with copies of its last replicate, whose fits are dropped, so that a vectorised
+        mechanism compiles one program for the study.  Batches are the same on every executor, so the
         study's numbers do not depend on where it runs.  A replicate's random stream depends on
         its batch, so with None a study on a GPU, which gets larger batches, is statistically
         the same as on a CPU but not identical: give ``batch_size`` to reproduce one exactly.
@@ -211,10 +211,9 @@ def tarp(
     plan, _ = plan_fit(
         mechanism_obj, simulated, epsilon=epsilon, delta=delta, accountant=accountant
     )
-    if batch_size is None:
-        batch_size = equal_batches(
-            n_simulations, mechanism_obj.replicate_batch_size(simulated, plan)
-        )
+    batch_size = equal_batches(
+        n_simulations, batch_size or mechanism_obj.replicate_batch_size(simulated, plan)
+    )
     replicates = Replicates(
         simulated, sim, mechanism_obj, plan, source, n, n_posterior_draws, batch_size
     )

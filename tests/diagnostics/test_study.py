@@ -374,6 +374,12 @@ def test_a_study_is_cut_into_equal_batches_and_drops_the_fits_that_fill_the_last
         beta_bernoulli, mechanism="test-batched-beta-bernoulli", n_simulations=40, batch_size=1
     )
     xr.testing.assert_identical(batched.drop_attrs(), one_at_a_time.drop_attrs())
+    # A batch size the user gives is a limit too: 40 at most 64 at a time is one batch of 40.
+    BATCHES.clear()
+    exact_study(
+        beta_bernoulli, mechanism="test-batched-beta-bernoulli", n_simulations=40, batch_size=64
+    )
+    assert BATCHES == [40]
 
 
 
