@@ -223,8 +223,8 @@ def _chunk_runner(
     counted: bool = False,
     curvature: bool = False,
 ):
-    """Up to ``chunk`` steps under ``jax.lax.scan``, jitted; with ``replicates``, vmapped over a
-    leading replicate axis of the iterate, key, data and settings (the grid is shared).
+    """Up to ``chunk`` steps under ``jax.lax.fori_loop``, jitted; with ``replicates``, vmapped
+    over a leading replicate axis of the iterate, key, data and settings (the grid is shared).
 
     The number of steps is a traced argument ``length`` ≤ ``chunk``: the steps past it do not
     run (no batch is drawn and nothing is released), and their outputs are zeros for the caller
