@@ -68,8 +68,7 @@ class Replicates:
         truth, samples, messages = [], [], []
         for start in range(0, len(seeds), self.batch_size):
             batch = seeds[start : start + self.batch_size]
-            filled = batch + batch[-1:] * (self.batch_size - len(batch))
-            replicates = [ReplicateSeeds(*children(s, 4)) for s in filled]
+            replicates = [ReplicateSeeds(*children(s, 4)) for s in batch]
             thetas = [self.simulator.prior(r.prior).theta for r in replicates]
             datasets = [
                 self.simulator.data(
@@ -80,15 +79,16 @@ class Replicates:
                 )
                 for theta, r in zip(thetas, replicates, strict=True)
             ]
+            fit_seeds = [np.random.SeedSequence(r.fit.generate_state(8)) for r in replicates]
+            filling = self.batch_size - len(batch)
             with single_threaded_blas():
                 releases = self.mechanism.fit_replicates(
                     self.model,
-                    datasets,
+                    datasets + datasets[-1:] * filling,
                     self.plan,
-                    seeds=[np.random.SeedSequence(r.fit.generate_state(8)) for r in replicates],
+                    seeds=fit_seeds + fit_seeds[-1:] * filling,
                     progress=Progress(False),
-                )
-            thetas, releases = thetas[: len(batch)], releases[: len(batch)]
+                )[: len(batch)]
             for seed, release in zip(batch, releases, strict=True):
                 _refuse_non_finite_draws(release, seed)
             truth += thetas

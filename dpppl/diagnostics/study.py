@@ -161,8 +161,8 @@ def tarp(
         JAX's default device, 1 fits them one at a time.  The study runs in the fewest equal
         batches within it (40 under 16: three of 14), the last filled up to the others' size
         with copies of its last replicate, whose fits are dropped, so that a vectorised
-        mechanism compiles one program for the study.  Batches are the same on every executor, so the
-        study's numbers do not depend on where it runs.  A replicate's random stream depends on
+        mechanism compiles one program for the study.  Batches are the same on every executor,
+        so the study's numbers do not depend on where it runs.  A replicate's random stream depends on
         its batch, so with None a study on a GPU, which gets larger batches, is statistically
         the same as on a CPU but not identical: give ``batch_size`` to reproduce one exactly.
     random_seed
