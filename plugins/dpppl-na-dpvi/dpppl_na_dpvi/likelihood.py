@@ -342,22 +342,36 @@ class LikelihoodStructure:
         return tuple(jnp.split(position, bounds))
 
 
-def _information(v: jax.Array, y: jax.Array, structure: LikelihoodStructure) -> jax.Array:
-    """F = D^½ R D^½ with D = diag(exp(v)) and R the correlation of y (the identity without)."""
+def _information(
+    v: jax.Array, y: jax.Array, structure: LikelihoodStructure
+) -> tuple[jax.Array, jax.Array]:
+    """F = D^½ R D^½ with D = diag(exp(v)) and R the correlation of y (the identity without),
+    and its Cholesky factor D^½ L_R, which is exact and spares a factorisation per gradient."""
     r = structure.n_records
     corr_chol = correlation_cholesky(y, r)[0] if structure.full and r > 1 else jnp.eye(r)
     chol = jnp.exp(0.5 * v)[:, None] * corr_chol
-    return chol @ chol.T
+    return chol @ chol.T, chol
+
+
+def _centre_cholesky(information: jax.Array, stats: LikelihoodStatistics) -> jax.Array:
+    """Cholesky factor of F + W, W = diag(V) / (T κ²): the likelihood's centre given θ_R is
+    F(θ_R − μ̄) + r̄/κ with covariance F + W."""
+    spread = stats.noise_var / (stats.count * stats.rate**2)
+    return jnp.linalg.cholesky(information + jnp.diag(spread))
 
 
 def _release_logp(
-    theta_r: jax.Array, information: jax.Array, stats: LikelihoodStatistics
+    theta_r: jax.Array,
+    information: jax.Array,
+    stats: LikelihoodStatistics,
+    chol: jax.Array | None = None,
 ) -> jax.Array:
     """log p(release | θ, F): the likelihood's centre given θ_R, the μ-gradients' residuals
-    about their slope and the u-gradients' observation of F's diagonal."""
+    about their slope and the u-gradients' observation of F's diagonal.  ``chol`` is
+    :func:`_centre_cholesky`, where the caller has it."""
     kf = stats.rate * information
-    spread = stats.noise_var / (stats.count * stats.rate**2)
-    chol = jnp.linalg.cholesky(information + jnp.diag(spread))
+    if chol is None:
+        chol = _centre_cholesky(information, stats)
     located = information @ (theta_r - stats.centre) + stats.mean_gradient / stats.rate
     white = jax.scipy.linalg.solve_triangular(chol, located, lower=True)
     residual_ss = (
@@ -414,18 +428,16 @@ class LikelihoodTarget:
 
     def _theta(
         self, params: jax.Array, stats: LikelihoodStatistics
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """θ (n,) at the parameters (ε, θ_F, v, y, ρ), θ_R = θ* + Q^(−½)ε, F there, and the
-        map's log|Jacobian| −½ log|Q|."""
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """θ (n,) at the parameters (ε, θ_F, v, y, ρ), θ_R = θ* + Q^(−½)ε, F there, the
+        map's log|Jacobian| −½ log|Q| and :func:`_centre_cholesky` of F."""
         structure = self.structure
         eps, free, v, y, _ = structure.split(params)
-        information = _information(v, y, structure)
-        spread = stats.noise_var / (stats.count * stats.rate**2)
-        chol_f = jnp.linalg.cholesky(information)
+        information, chol_f = _information(v, y, structure)
         centre = stats.centre - jax.scipy.linalg.cho_solve(
             (chol_f, True), stats.mean_gradient / stats.rate
         )
-        chol_w = jnp.linalg.cholesky(information + jnp.diag(spread))
+        chol_w = _centre_cholesky(information, stats)
         half = jax.scipy.linalg.solve_triangular(chol_w, information, lower=True)
         base = jnp.zeros(structure.n, dtype=params.dtype).at[structure.free_index].set(free)
 
@@ -458,12 +470,12 @@ class LikelihoodTarget:
         newton = jax.scipy.linalg.cho_solve((chol_q, True), gradient)
         theta_r = start + newton + jax.scipy.linalg.solve_triangular(chol_q.T, eps, lower=False)
         log_jacobian = -jnp.sum(jnp.log(jnp.diagonal(chol_q)))
-        return base.at[structure.record_index].set(theta_r), information, log_jacobian
+        return base.at[structure.record_index].set(theta_r), information, log_jacobian, chol_w
 
     def logdensity(self, position: jax.Array, stats: LikelihoodStatistics) -> jax.Array:
         params, log_jacobian = self._parameters(position, stats)
         _, _, v, y, rho = self.structure.split(params)
-        theta, information, whitening = self._theta(params, stats)
+        theta, information, whitening, chol_w = self._theta(params, stats)
         log_prior_v = -0.5 * jnp.sum(((v - stats.prior_v_mean) / stats.prior_v_std) ** 2)
         log_prior_y = 0.0
         if self.structure.n_correlations:
@@ -477,7 +489,7 @@ class LikelihoodTarget:
             )
         return (
             self.logprior(theta)
-            + _release_logp(theta[self.structure.record_index], information, stats)
+            + _release_logp(theta[self.structure.record_index], information, stats, chol_w)
             + log_prior_v
             + log_prior_y
             + log_jacobian
@@ -503,7 +515,7 @@ class LikelihoodTarget:
         rows, cols = np.tril_indices(self.structure.n_records, -1)
 
         def one(position):
-            theta, information, _ = self._theta(self._parameters(position, stats)[0], stats)
+            theta, information, *_ = self._theta(self._parameters(position, stats)[0], stats)
             diagonal = jnp.diagonal(information)
             root = jnp.sqrt(diagonal)
             correlation = (information / jnp.outer(root, root))[rows, cols]
