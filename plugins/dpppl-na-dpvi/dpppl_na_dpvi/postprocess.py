@@ -1066,15 +1066,121 @@ class _OptimumTarget:
         return _with_optimum(positions, stats, self.structure, key)
 
 
-def replicates_in_turn() -> bool:
-    """Whether NUTS runs a batch of replicates one after another (on a CPU) rather than side by
-    side in vmapped lanes (on an accelerator).  Vmapped, every lane waits at each draw for the
-    longest trajectory of the batch, and a CPU gains too little from the lanes' width to pay for
-    it: on 16 fits × 2 chains of a 5-parameter regression the vmapped NUTS phase took 1.2 to 2.4
-    times as long as the same fits in turn, the more the longer the trajectories ranged (at 2.4,
-    65 leapfrog steps per draw for the longest lane against 21.5 on average;
-    ``tutorials/RESULTS.md``, stop 59)."""
+def runs_in_turn() -> bool:
+    """Whether NUTS runs its chains, and a batch of replicates, one after another (on a CPU)
+    rather than side by side in vmapped lanes (on an accelerator).  Vmapped, every lane waits at
+    each draw for the longest trajectory of the batch, and a CPU gains too little from the lanes'
+    width to pay for it: on 16 fits × 2 chains of a 5-parameter regression the vmapped NUTS phase
+    took 1.2 to 2.4 times as long as the same fits in turn, the more the longer the trajectories
+    ranged (at 2.4, 65 leapfrog steps per draw for the longest lane against 21.5 on average;
+    ``tutorials/RESULTS.md``, stop 59).  Vmapping NUTS's nested loops also costs tracing time:
+    batching them took 4 of the 9 s that tracing a single fit's sampler took under a profiler,
+    for the centred varying intercepts' likelihood model (2026-12-05)."""
     return jax.devices()[0].platform == "cpu"
+
+
+class _Adaptation(NamedTuple):
+    """Stan's window adaptation as blackjax's ``window_adaptation`` keeps it: the dual
+    averaging's and the mass matrix's states, and the step size and inverse mass matrix that
+    the next transition uses."""
+
+    step_size_state: Any
+    mass_matrix_state: Any
+    step_size: jax.Array
+    inverse_mass_matrix: jax.Array
+
+
+def _adapted_nuts(
+    logdensity: Callable[[jax.Array], jax.Array],
+    position: jax.Array,
+    key: jax.Array,
+    *,
+    tune: int,
+    draws: int,
+    target_accept: float,
+):
+    """NUTS's ``draws`` transitions after ``tune`` of Stan's window adaptation, in one scan over
+    one kernel: the final states and each transition's state and info, the warm-up's included.
+
+    The adaptation is blackjax's ``window_adaptation`` (diagonal mass matrix, dual averaging
+    from a step size of 1, its schedule), step for step and with the same random keys, rebuilt
+    from its public parts.  ``window_adaptation.run`` scans a kernel of its own, so warming up
+    with it and then sampling traced and compiled NUTS twice: 7 s to trace and 8 s to compile
+    each for the centred varying intercepts' likelihood model (2026-12-05).
+    """
+    kernel = blackjax.nuts.build_kernel()
+    mm_init, mm_update, mm_final = blackjax.adaptation.mass_matrix.mass_matrix_adaptation(
+        is_diagonal_matrix=True
+    )
+    da_init, da_update, da_final = (
+        blackjax.adaptation.step_size.dual_averaging_adaptation(target_accept)
+    )
+
+    def adapt(adaptation: _Adaptation, stage, window_end, state, acceptance) -> _Adaptation:
+        step_size_state = da_update(adaptation.step_size_state, acceptance)
+        mass_matrix_state = jax.lax.cond(
+            stage == 1,
+            lambda m: mm_update(m, state.position),
+            lambda m: m,
+            adaptation.mass_matrix_state,
+        )
+        adaptation = _Adaptation(
+            step_size_state,
+            mass_matrix_state,
+            jnp.exp(step_size_state.log_step_size),
+            adaptation.inverse_mass_matrix,
+        )
+        return jax.lax.cond(window_end, _end_window, lambda a: a, adaptation)
+
+    def _end_window(adaptation: _Adaptation) -> _Adaptation:
+        # The mass matrix from the window's draws; the step size restarts from its average.
+        mass_matrix_state = mm_final(adaptation.mass_matrix_state)
+        step_size_state = da_init(da_final(adaptation.step_size_state))
+        return _Adaptation(
+            step_size_state,
+            mass_matrix_state,
+            jnp.exp(step_size_state.log_step_size),
+            mass_matrix_state.inverse_mass_matrix,
+        )
+
+    def finish(adaptation: _Adaptation) -> _Adaptation:
+        return adaptation._replace(
+            step_size=jnp.exp(adaptation.step_size_state.log_step_size_avg),
+            inverse_mass_matrix=adaptation.mass_matrix_state.inverse_mass_matrix,
+        )
+
+    def step(carry, xs):
+        state, adaptation = carry
+        index, key, (stage, window_end) = xs
+        state, info = kernel(
+            key, state, logdensity, adaptation.step_size, adaptation.inverse_mass_matrix
+        )
+        adaptation = jax.lax.cond(
+            index < tune,
+            lambda a: adapt(a, stage, window_end, state, info.acceptance_rate),
+            lambda a: a,
+            adaptation,
+        )
+        adaptation = jax.lax.cond(index == tune - 1, finish, lambda a: a, adaptation)
+        return (state, adaptation), (state, info, adaptation.step_size)
+
+    mass_matrix_state = mm_init(position.shape[0])
+    start = _Adaptation(
+        da_init(1.0), mass_matrix_state, jnp.asarray(1.0), mass_matrix_state.inverse_mass_matrix
+    )
+    key_warmup, key_sample = jax.random.split(key)
+    keys = jnp.concatenate(
+        [jax.random.split(key_warmup, tune), jax.random.split(key_sample, draws)]
+    )
+    schedule = jnp.concatenate(
+        [
+            jnp.asarray(blackjax.adaptation.window_adaptation.build_schedule(tune), int)
+            .reshape(tune, 2),
+            jnp.zeros((draws, 2), int),
+        ]
+    )
+    xs = (jnp.arange(tune + draws), keys, (schedule[:, 0], schedule[:, 1].astype(bool)))
+    return jax.lax.scan(step, (blackjax.nuts.init(position, logdensity), start), xs)
 
 
 def _nuts_program(
@@ -1084,40 +1190,39 @@ def _nuts_program(
         def logdensity(position):
             return target.logdensity(position, stats)
 
-        key_warmup, key_sample = jax.random.split(key)
-        warmup = blackjax.window_adaptation(
-            blackjax.nuts,
+        _, (states, info, step_size) = _adapted_nuts(
             logdensity,
-            target_acceptance_rate=target.target_accept,
-            adaptation_info_fn=blackjax.adaptation.base.get_filter_adapt_info_fn(),
+            target.initial(stats),
+            key,
+            tune=tune,
+            draws=draws,
+            target_accept=target.target_accept,
         )
-        (state, parameters), _ = warmup.run(key_warmup, target.initial(stats), num_steps=tune)
-        kernel = blackjax.nuts(logdensity, **parameters).step
+        kept = slice(tune, None)
+        stats_out = {
+            "diverging": info.is_divergent[kept],
+            "n_steps": info.num_integration_steps[kept],
+            "tree_depth": info.num_trajectory_expansions[kept],
+            "acceptance_rate": info.acceptance_rate[kept],
+            "energy": info.energy[kept],
+            "step_size": step_size[kept],
+        }
+        positions = states.position[kept]
+        return target.finish(positions, stats, jax.random.fold_in(key, 1)), stats_out
 
-        def step(state, key):
-            state, info = kernel(key, state)
-            stats_out = {
-                "diverging": info.is_divergent,
-                "n_steps": info.num_integration_steps,
-                "tree_depth": info.num_trajectory_expansions,
-                "acceptance_rate": info.acceptance_rate,
-                "energy": info.energy,
-                "step_size": parameters["step_size"],
-            }
-            return state, (state.position, stats_out)
-
-        _, (positions, info) = jax.lax.scan(step, state, jax.random.split(key_sample, draws))
-        return target.finish(positions, stats, jax.random.fold_in(key, 1)), info
+    def over(fn, *arrays):
+        """fn mapped over the leading axis of ``arrays``, in turn or in vmapped lanes."""
+        if in_turn:
+            return jax.lax.map(lambda args: fn(*args), arrays)
+        return jax.vmap(fn)(*arrays)
 
     def run(key, stats):
-        return jax.vmap(one_chain, in_axes=(0, None))(jax.random.split(key, chains), stats)
+        return over(lambda chain_key: one_chain(chain_key, stats), jax.random.split(key, chains))
 
     if not replicates:
         return jax.jit(run)
     # Replicates each adapt their own step size and mass matrix, so each maps the whole run.
-    if in_turn:
-        return jax.jit(lambda keys, stats: jax.lax.map(lambda pair: run(*pair), (keys, stats)))
-    return jax.jit(jax.vmap(run))
+    return jax.jit(lambda keys, stats: over(run, keys, stats))
 
 
 def run_nuts(
@@ -1136,12 +1241,12 @@ def run_nuts(
     draws (chain, draw, ...) and the sampler's statistics of each fit.
 
     One fit (``replicates=False``) runs on its own compiled sampler; with ``replicates`` the
-    fits run as one compiled program, each chain adapting on its own: one fit after another
-    where :func:`replicates_in_turn`, else vmapped.  ``cache(key, factory)``
+    fits run as one compiled program, each chain adapting on its own.  Chains and fits run one
+    after another where :func:`runs_in_turn`, else vmapped.  ``cache(key, factory)``
     stores the compiled sampler under ``cache_key`` (e.g. ``RecordModel.cached``), which must
     name everything the program depends on but the statistics.
     """
-    in_turn = replicates and replicates_in_turn()
+    in_turn = runs_in_turn()
     run = cache(
         (cache_key, in_turn), lambda: _nuts_program(target, tune, draws, chains, replicates, in_turn)
     )

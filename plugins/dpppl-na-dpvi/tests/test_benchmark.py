@@ -288,7 +288,7 @@ def test_a_batch_of_replicates_runs_nuts_in_turn_on_a_cpu_against_vmapped_lanes(
     monkeypatch.setattr(likelihood, "run_nuts", timed_nuts)
     seconds, nuts = {}, {}
     for in_turn in (True, False):
-        monkeypatch.setattr(postprocess, "replicates_in_turn", lambda in_turn=in_turn: in_turn)
+        monkeypatch.setattr(postprocess, "runs_in_turn", lambda in_turn=in_turn: in_turn)
         study(0)  # compile
         in_nuts.clear()
         seconds[in_turn] = timed(lambda: study(1))[0]

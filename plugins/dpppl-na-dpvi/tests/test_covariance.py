@@ -64,28 +64,27 @@ def test_linear_response_deviations_have_the_inverse_curvature_as_covariance(
 
 
 #: Clipping each record's μ-gradient before its outer product is released shrinks the released
-#: correlation of strongly correlated parameters (0.9 reads about 0.86), so the curvature's
-#: weakest direction comes out too stiff (tutorials/RESULTS.md, stop 38 and stop 43).
-CLIPPED_CORRELATION = pytest.mark.xfail(
-    strict=True,
-    reason="the released curvature's correlation is shrunk by clipping: at correlation 0.9 the "
-    "linear-response posterior is 0.82 times as wide as the non-private one along it",
-)
+#: correlation of strongly correlated parameters (0.9 reads about 0.86), so under the default
+#: prior, which reads the released correlations, the curvature's weakest direction comes out
+#: too stiff (tutorials/RESULTS.md, stop 38 and stop 43): this fit's narrower marginal is 0.82
+#: (stop 43), 0.89 and 0.93 (2026-12-05, the same release sampled by two NUTS programs that
+#: differ in rounding) times the non-private one's.
+CLIPPED_CORRELATION_FLOOR = 0.8
 
 
 @pytest.mark.parametrize(
-    "options",
+    "options, floor",
     [
-        pytest.param({"correlation_prior": "lkj", "lkj_eta": 2.0}, id="lkj"),
-        pytest.param({}, id="default", marks=CLIPPED_CORRELATION),
+        pytest.param({"correlation_prior": "lkj", "lkj_eta": 2.0}, 0.9, id="lkj"),
+        pytest.param({}, CLIPPED_CORRELATION_FLOOR, id="default"),
     ],
 )
-def test_the_linear_response_posterior_is_at_least_as_wide_as_the_non_private_one(
-    correlated_regression, options
+def test_the_linear_response_posterior_is_about_as_wide_as_the_non_private_one(
+    correlated_regression, options, floor
 ):
     model, exact = correlated_regression
     theta, _, _ = fit(model, "linear-response", **options)
-    assert np.all(theta.std(axis=0) >= 0.9 * np.sqrt(np.diag(exact)))
+    assert np.all(theta.std(axis=0) >= floor * np.sqrt(np.diag(exact)))
 
 
 def test_mean_field_deviations_are_uncorrelated_and_narrower(correlated_regression):
