@@ -3,6 +3,7 @@ with honest uncertainty."""
 
 from __future__ import annotations
 
+import blackjax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -188,6 +189,41 @@ def test_laplace_agrees_with_nuts_on_a_well_identified_trace():
     nuts, laplace = nuts.phi_star.reshape(-1, 2), laplace.phi_star.reshape(-1, 2)
     np.testing.assert_allclose(laplace.mean(0), nuts.mean(0), atol=0.2 * nuts.std(0).max())
     np.testing.assert_allclose(laplace.std(0), nuts.std(0), rtol=0.2)
+
+
+def test_nuts_warms_up_and_draws_exactly_as_blackjax_window_adaptation_then_nuts():
+    # The sampler runs Stan's window adaptation and the draws as one scan over one NUTS kernel;
+    # blackjax's own warm-up scans a kernel of its own.  Same keys, same draws, bit for bit.
+    scales = jnp.array([0.1, 1.0, 10.0])
+
+    def logdensity(x):
+        return -0.5 * jnp.sum((x / scales) ** 2) - jnp.sum(jnp.log1p(x**2)) * 0.1
+
+    key, start, tune, draws = jax.random.key(3), jnp.array([1.0, -2.0, 5.0]), 150, 40
+    _, (states, info, step_size) = jax.jit(
+        lambda k: postprocess._adapted_nuts(
+            logdensity, start, k, tune=tune, draws=draws, target_accept=0.9
+        )
+    )(key)
+
+    def blackjax_run(k):
+        key_warmup, key_sample = jax.random.split(k)
+        warmup = blackjax.window_adaptation(
+            blackjax.nuts, logdensity, target_acceptance_rate=0.9,
+            adaptation_info_fn=blackjax.adaptation.base.get_filter_adapt_info_fn(),
+        )
+        (state, parameters), _ = warmup.run(key_warmup, start, num_steps=tune)
+        step = blackjax.nuts(logdensity, **parameters).step
+        _, positions = jax.lax.scan(
+            lambda s, k: (lambda new: (new, new.position))(step(k, s)[0]),
+            state, jax.random.split(key_sample, draws),
+        )
+        return positions, parameters["step_size"]
+
+    positions, adapted = jax.jit(blackjax_run)(key)
+    np.testing.assert_array_equal(states.position[tune:], positions)
+    np.testing.assert_array_equal(step_size[tune:], np.full(draws, adapted))
+    assert not np.array_equal(step_size[:tune], np.full(tune, adapted))  # it did adapt
 
 
 def test_a_converged_laplace_fit_says_so():
