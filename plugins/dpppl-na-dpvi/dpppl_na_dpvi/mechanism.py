@@ -655,7 +655,14 @@ class NADPVI(Mechanism):
             # The grid depends on public quantities only: the batch capacity, C (the option or
             # the rule the schedule applies), σ and d.
             bound = o.clipping_bound
-            bound = default_clipping_bound(self._n_params) if bound is None else bound
+            if bound is None:
+                bound = default_clipping_bound(
+                    self._n_params,
+                    noise_multiplier=accounted.noise_multiplier,
+                    n_records=n_records,
+                    sampling_rate=o.sampling_rate,
+                    steps=o.steps,
+                )
             release = SnappedGaussian.for_sum(
                 capacity=sampler.capacity,
                 clipping_bound=release_bound(bound, curvature),

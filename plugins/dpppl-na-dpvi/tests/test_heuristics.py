@@ -71,6 +71,20 @@ def test_the_default_clipping_bound_grows_with_the_dimension(model):
     assert schedule(model).clipping_bound == pytest.approx(heuristics.CLIP_SCALE * math.sqrt(2))
 
 
+@pytest.mark.parametrize("noise_multiplier", [0.3, 1.0, 3.0])
+def test_where_the_privacy_noise_is_weak_the_clipping_bound_grows_until_it_adds_its_share(
+    model, noise_multiplier
+):
+    # Weak noise: the standard bound would let it add less than MIN_NOISE_SHARE of q's variance
+    # to the optimum's estimate, so C grows to the bound at which it adds exactly that.
+    s = schedule(model, noise_multiplier=noise_multiplier)
+    standard = heuristics.CLIP_SCALE * math.sqrt(2)
+    assert s.clipping_bound > standard
+    assert s.privacy_noise_share() == pytest.approx(heuristics.MIN_NOISE_SHARE)
+    # Strong noise (the schedule's default σ = 30): the standard bound adds more than that.
+    assert schedule(model).privacy_noise_share() > heuristics.MIN_NOISE_SHARE
+
+
 def test_the_u_coordinates_relax_at_the_target_rate_after_the_burn_in(model):
     s = schedule(model)
     settings = s.settings(s.initial_phi()[None], progress=1.0)
