@@ -90,15 +90,27 @@ BURN_IN_FACTOR = 10.0
 BETA_RANGE = (1e-8, 1e8)
 
 
+def noise_share(
+    *, noise_multiplier: float, clipping_bound: float, n_records: int, sampling_rate: float,
+    steps: int,
+) -> float:
+    """D = σ²C² / (N κ² T): the variance the privacy noise adds to the trace's estimate of each
+    coordinate of the optimum, in variances of q."""
+    return (noise_multiplier * clipping_bound) ** 2 / (n_records * sampling_rate**2 * steps)
+
+
 def default_clipping_bound(
     n_params: int, *, noise_multiplier: float, n_records: int, sampling_rate: float, steps: int
 ) -> float:
     """C = ``CLIP_SCALE`` · √d for the d = 2n standardised gradient coordinates of n parameters,
     or, where the privacy noise σ would then add less than ``MIN_NOISE_SHARE`` of q's variance
-    to the optimum's estimate (D = σ²C² / (N κ² T), see above), the C that adds that share."""
+    to the optimum's estimate (:func:`noise_share`, see above), the C that adds that share."""
     standard = CLIP_SCALE * math.sqrt(2 * n_params)
-    weak_noise = math.sqrt(MIN_NOISE_SHARE * n_records * sampling_rate**2 * steps) / noise_multiplier
-    return max(standard, weak_noise)
+    share = noise_share(
+        noise_multiplier=noise_multiplier, clipping_bound=standard, n_records=n_records,
+        sampling_rate=sampling_rate, steps=steps,
+    )
+    return standard * math.sqrt(max(1.0, MIN_NOISE_SHARE / share))
 
 
 @dataclass
@@ -150,10 +162,13 @@ class StandardisedSchedule:
         return 1.0 / self.model.n_records
 
     def privacy_noise_share(self) -> float:
-        """D = σ²C² / (N κ² T): the variance the privacy noise adds to the trace's estimate of
-        each coordinate of the optimum, in variances of q."""
-        return (self.noise_multiplier * self.clipping_bound) ** 2 / (
-            self.model.n_records * self.sampling_rate**2 * self.steps
+        """:func:`noise_share` of this schedule."""
+        return noise_share(
+            noise_multiplier=self.noise_multiplier,
+            clipping_bound=self.clipping_bound,
+            n_records=self.model.n_records,
+            sampling_rate=self.sampling_rate,
+            steps=self.steps,
         )
 
     def final_rate(self) -> float:

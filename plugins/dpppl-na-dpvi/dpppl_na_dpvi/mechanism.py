@@ -654,15 +654,7 @@ class NADPVI(Mechanism):
         if o.noise == "snapped":
             # The grid depends on public quantities only: the batch capacity, C (the option or
             # the rule the schedule applies), σ and d.
-            bound = o.clipping_bound
-            if bound is None:
-                bound = default_clipping_bound(
-                    self._n_params,
-                    noise_multiplier=accounted.noise_multiplier,
-                    n_records=n_records,
-                    sampling_rate=o.sampling_rate,
-                    steps=o.steps,
-                )
+            bound = self._clipping_bound(self._n_params, n_records, accounted.noise_multiplier)
             release = SnappedGaussian.for_sum(
                 capacity=sampler.capacity,
                 clipping_bound=release_bound(bound, curvature),
@@ -742,6 +734,21 @@ class NADPVI(Mechanism):
             model, list(datasets), plan, list(seeds), progress, replicates=len(datasets) > 1
         )
 
+    def _clipping_bound(self, n_params: int, n_records: int, noise_multiplier: float) -> float:
+        """C: the option, or :func:`~dpppl_na_dpvi.heuristics.default_clipping_bound`.  The plan
+        (the snapped release's grid) and the run both take it from here, so they cannot
+        disagree on the sensitivity."""
+        o = self.options
+        if o.clipping_bound is not None:
+            return o.clipping_bound
+        return default_clipping_bound(
+            n_params,
+            noise_multiplier=noise_multiplier,
+            n_records=n_records,
+            sampling_rate=o.sampling_rate,
+            steps=o.steps,
+        )
+
     def _fit(
         self,
         model: RecordModel,
@@ -763,7 +770,9 @@ class NADPVI(Mechanism):
                 sampling_rate=o.sampling_rate,
                 steps=o.steps,
                 burn_in_steps=o.burn_in_steps,
-                clipping_bound=o.clipping_bound,
+                clipping_bound=self._clipping_bound(
+                    model.n_params, model.n_records, plan.noise_multiplier
+                ),
                 u_preconditioning=o.preconditioning,
                 learning_rate_scale=o.learning_rate_scale,
                 settle=o.settle,

@@ -1100,7 +1100,7 @@ def _adapted_nuts(
     target_accept: float,
 ):
     """NUTS's ``draws`` transitions after ``tune`` of Stan's window adaptation, in one scan over
-    one kernel: the final states and each transition's state and info, the warm-up's included.
+    one kernel: the positions drawn (draws, p) and the sampler's statistics of each draw.
 
     The adaptation is blackjax's ``window_adaptation`` (diagonal mass matrix, dual averaging
     from a step size of 1, its schedule), step for step and with the same random keys, rebuilt
@@ -1131,9 +1131,9 @@ def _adapted_nuts(
             jnp.exp(step_size_state.log_step_size),
             adaptation.inverse_mass_matrix,
         )
-        return jax.lax.cond(window_end, _end_window, lambda a: a, adaptation)
+        return jax.lax.cond(window_end, end_window, lambda a: a, adaptation)
 
-    def _end_window(adaptation: _Adaptation) -> _Adaptation:
+    def end_window(adaptation: _Adaptation) -> _Adaptation:
         # The mass matrix from the window's draws; the step size restarts from its average.
         mass_matrix_state = mm_final(adaptation.mass_matrix_state)
         step_size_state = da_init(da_final(adaptation.step_size_state))
@@ -1163,7 +1163,15 @@ def _adapted_nuts(
             adaptation,
         )
         adaptation = jax.lax.cond(index == tune - 1, finish, lambda a: a, adaptation)
-        return (state, adaptation), (state, info, adaptation.step_size)
+        stats = {
+            "diverging": info.is_divergent,
+            "n_steps": info.num_integration_steps,
+            "tree_depth": info.num_trajectory_expansions,
+            "acceptance_rate": info.acceptance_rate,
+            "energy": info.energy,
+            "step_size": adaptation.step_size,
+        }
+        return (state, adaptation), (state.position, stats)
 
     mass_matrix_state = mm_init(position.shape[0])
     start = _Adaptation(
@@ -1181,7 +1189,11 @@ def _adapted_nuts(
         ]
     )
     xs = (jnp.arange(tune + draws), keys, (schedule[:, 0], schedule[:, 1].astype(bool)))
-    return jax.lax.scan(step, (blackjax.nuts.init(position, logdensity), start), xs)
+    _, (positions, stats) = jax.lax.scan(
+        step, (blackjax.nuts.init(position, logdensity), start), xs
+    )
+    # The warm-up's transitions are not draws.
+    return jax.tree.map(lambda a: a[tune:], (positions, stats))
 
 
 def _nuts_program(
@@ -1191,7 +1203,7 @@ def _nuts_program(
         def logdensity(position):
             return target.logdensity(position, stats)
 
-        _, (states, info, step_size) = _adapted_nuts(
+        positions, stats_out = _adapted_nuts(
             logdensity,
             target.initial(stats),
             key,
@@ -1199,16 +1211,6 @@ def _nuts_program(
             draws=draws,
             target_accept=target.target_accept,
         )
-        kept = slice(tune, None)
-        stats_out = {
-            "diverging": info.is_divergent[kept],
-            "n_steps": info.num_integration_steps[kept],
-            "tree_depth": info.num_trajectory_expansions[kept],
-            "acceptance_rate": info.acceptance_rate[kept],
-            "energy": info.energy[kept],
-            "step_size": step_size[kept],
-        }
-        positions = states.position[kept]
         return target.finish(positions, stats, jax.random.fold_in(key, 1)), stats_out
 
     def over(fn, *arrays):

@@ -200,7 +200,7 @@ def test_nuts_warms_up_and_draws_exactly_as_blackjax_window_adaptation_then_nuts
         return -0.5 * jnp.sum((x / scales) ** 2) - jnp.sum(jnp.log1p(x**2)) * 0.1
 
     key, start, tune, draws = jax.random.key(3), jnp.array([1.0, -2.0, 5.0]), 150, 40
-    _, (states, info, step_size) = jax.jit(
+    drawn, stats = jax.jit(
         lambda k: postprocess._adapted_nuts(
             logdensity, start, k, tune=tune, draws=draws, target_accept=0.9
         )
@@ -221,9 +221,9 @@ def test_nuts_warms_up_and_draws_exactly_as_blackjax_window_adaptation_then_nuts
         return positions, parameters["step_size"]
 
     positions, adapted = jax.jit(blackjax_run)(key)
-    np.testing.assert_array_equal(states.position[tune:], positions)
-    np.testing.assert_array_equal(step_size[tune:], np.full(draws, adapted))
-    assert not np.array_equal(step_size[:tune], np.full(tune, adapted))  # it did adapt
+    np.testing.assert_array_equal(drawn, positions)
+    np.testing.assert_array_equal(stats["step_size"], np.full(draws, adapted))
+    assert adapted != 1.0  # it adapted from the starting step size
 
 
 def test_a_converged_laplace_fit_says_so():
