@@ -82,6 +82,11 @@ def plan_fit(
             f"mechanism {mechanism.name!r} planned extra_delta={plan.extra_delta!r}, outside "
             f"[0, delta={plan.delta:g}): it is the part of delta spent outside the event"
         )
+    if plan.max_divergence != 0 and not 0 < plan.max_divergence < plan.epsilon / 2:
+        raise PluginError(
+            f"mechanism {mechanism.name!r} planned max_divergence={plan.max_divergence!r}, outside "
+            f"(0, epsilon/2 = {plan.epsilon / 2:g}): 2 max_divergence is part of epsilon"
+        )
     return plan, chosen
 
 

@@ -49,8 +49,9 @@ from dpppl.privacy.events import (
 class LedgerEntry:
     """One charge on a ledger: what ran, under which relation, and what it claimed on its own.
 
-    ``extra_delta`` is the part of ``delta`` the fit spent outside ``event`` (see
-    :attr:`dpppl.plugin.mechanism.PrivacyPlan.extra_delta`).
+    ``extra_delta`` is the part of ``delta`` the fit spent outside ``event``, and
+    ``max_divergence`` the factor e^(±γ) by which its output law may differ from one the event
+    covers (see :class:`dpppl.plugin.mechanism.PrivacyPlan`).
     """
 
     event: PrivacyEvent
@@ -59,6 +60,7 @@ class LedgerEntry:
     epsilon: float
     delta: float
     extra_delta: float = 0.0
+    max_divergence: float = 0.0
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LedgerEntry:
@@ -70,6 +72,7 @@ class LedgerEntry:
             epsilon=float(data["epsilon"]),
             delta=float(data["delta"]),
             extra_delta=float(data.get("extra_delta", 0.0)),
+            max_divergence=float(data.get("max_divergence", 0.0)),
         )
 
 
@@ -183,7 +186,8 @@ class PrivacyLedger:
         """ε of all charges so far at the ledger's δ.
 
         The accountant composes their events at the ledger's δ less the δ the fits spent outside
-        their events (:attr:`LedgerEntry.extra_delta`).
+        their events (:attr:`LedgerEntry.extra_delta`), scaled by e^(−Σγ), and 2Σγ is added
+        (:attr:`LedgerEntry.max_divergence`).
         """
         return self._epsilon_of(*self._composed(self.entries))
 
@@ -194,6 +198,7 @@ class PrivacyLedger:
         *,
         epsilon: float = 0.0,
         extra_delta: float = 0.0,
+        max_divergence: float = 0.0,
     ) -> float:
         """ε the ledger would have spent after charging ``event``; raise if over budget.
 
@@ -207,13 +212,18 @@ class PrivacyLedger:
             The fit's own ε, and the part of its δ spent outside ``event``
             (:attr:`dpppl.plugin.mechanism.PrivacyPlan.extra_delta`), a total-variation term that the
             ledger converts at the ε it claims for the composition.
+        max_divergence
+            The fit's γ (:attr:`dpppl.plugin.mechanism.PrivacyPlan.max_divergence`).
 
         Raises
         ------
         PrivacyBudgetExceededError
             If the composition would exceed the budget, or the event cannot be composed here.
         """
-        return self._spent_after(self.entries, event, relation, epsilon, extra_delta)
+        entry = LedgerEntry(
+            event, NeighbourRelation(relation), "", epsilon, 0.0, extra_delta, max_divergence
+        )
+        return self._spent_after(self.entries, entry)
 
     def charge(
         self,
@@ -224,6 +234,7 @@ class PrivacyLedger:
         epsilon: float,
         delta: float,
         extra_delta: float = 0.0,
+        max_divergence: float = 0.0,
     ) -> float:
         """Check ``event`` against the budget, record it, and return ε spent after it.
 
@@ -237,8 +248,8 @@ class PrivacyLedger:
             The fit's declared event and neighbour relation.
         label
             A public description of the fit (the mechanism's name, for ``dpppl.sample``).
-        epsilon, delta, extra_delta
-            The fit's own guarantee and the part of its δ spent outside ``event`` (see
+        epsilon, delta, extra_delta, max_divergence
+            The fit's own guarantee, the part of its δ spent outside ``event`` and its γ (see
             :meth:`check`).
 
         Raises
@@ -251,14 +262,14 @@ class PrivacyLedger:
         """
         entry = LedgerEntry(
             event, NeighbourRelation(relation), label, float(epsilon), float(delta),
-            float(extra_delta),
+            float(extra_delta), float(max_divergence),
         )
         after = math.nan
 
         def admit(stored: _Budget, entries: list[LedgerEntry]) -> None:
             nonlocal after
             self._check_budget(stored)
-            after = self._spent_after(entries, event, relation, entry.epsilon, entry.extra_delta)
+            after = self._spent_after(entries, entry)
 
         self._store.append(entry, admit)
         return after
@@ -268,13 +279,18 @@ class PrivacyLedger:
     def _accountant(self) -> Accountant:
         return get_accountant(self.accountant)()
 
-    def _epsilon_of(self, events: list[PrivacyEvent], variation: float) -> float:
+    def _epsilon_of(
+        self, events: list[PrivacyEvent], variation: float, divergence: float = 0.0
+    ) -> float:
         """ε of ``events`` composed at the ledger's δ, with total variation ``variation`` spent
-        outside them.
+        outside them and the fits' output laws within a factor e^(±``divergence``) of what they
+        cover.
 
         A mechanism within total variation η of an (ε, δ')-DP one is (ε, δ' + (1 + e^ε)·η)-DP,
-        so the ε the ledger may claim is a fixed point ε = ε_events(δ − (1 + e^ε)·η).  It is
-        reached from below (the map grows with ε) and the answer is checked to satisfy it.
+        and one within a factor e^(±γ) of it is (ε + 2γ, e^γ δ')-DP (the proof in
+        :class:`dpppl.privacy.noise.SnappedGaussian`), so the ε the ledger may claim is a fixed
+        point ε = ε_events((δ − (1 + e^ε)·η) e^(−γ)) + 2γ.  It is reached from below (the map
+        grows with ε) and the answer is checked to satisfy it.
         """
         if not events:
             return 0.0
@@ -288,7 +304,9 @@ class PrivacyLedger:
                     f"events at epsilon={epsilon:.4g}, which uses up the ledger's "
                     f"delta={self.delta:g}; nothing was run"
                 )
-            return self._accountant().epsilon(composed, delta=remaining, relation=self.relation)
+            accounted = remaining * math.exp(-divergence)
+            bound = self._accountant().epsilon(composed, delta=accounted, relation=self.relation)
+            return bound + 2 * divergence
 
         epsilon = at(0.0)
         for _ in range(_FIXED_POINT_ITERATIONS):
@@ -303,32 +321,33 @@ class PrivacyLedger:
             f"ledger's delta={self.delta:g}; nothing was run"
         )
 
-    def _composed(self, entries: list[LedgerEntry]) -> tuple[list[PrivacyEvent], float]:
-        """The entries' events and the total variation they spent outside them."""
+    def _composed(self, entries: list[LedgerEntry]) -> tuple[list[PrivacyEvent], float, float]:
+        """The entries' events, the total variation they spent outside them and their summed
+        max-divergence."""
         events = [e.event for e in entries]
-        return events, sum(_variation(e.epsilon, e.extra_delta) for e in entries)
+        variation = sum(_variation(e.epsilon, e.extra_delta) for e in entries)
+        return events, variation, sum(e.max_divergence for e in entries)
 
-    def _spent_after(
-        self,
-        entries: list[LedgerEntry],
-        event: PrivacyEvent | None,
-        relation: NeighbourRelation,
-        epsilon: float,
-        extra_delta: float,
-    ) -> float:
+    def _spent_after(self, entries: list[LedgerEntry], entry: LedgerEntry) -> float:
+        """ε of ``entries`` and the new ``entry`` composed; raise if over budget."""
+        event, relation = entry.event, entry.relation
         if event is None:
             raise PrivacyBudgetExceededError(
                 "this mechanism declares no accountable privacy event (its guarantee is of another "
                 "kind), so a ledger cannot compose it; run it without a ledger"
             )
-        if NeighbourRelation(relation) != self.relation:
+        if relation != self.relation:
             raise PrivacyBudgetExceededError(
                 f"the ledger is kept under {self.relation.value} but this fit is private under "
-                f"{NeighbourRelation(relation).value}; use a ledger with relation={relation!r}"
+                f"{relation.value}; use a ledger with relation={relation.value!r}"
             )
-        events, extra = self._composed(entries)
+        events, variation, divergence = self._composed(entries)
         try:
-            after = self._epsilon_of([*events, event], extra + _variation(epsilon, extra_delta))
+            after = self._epsilon_of(
+                [*events, event],
+                variation + _variation(entry.epsilon, entry.extra_delta),
+                divergence + entry.max_divergence,
+            )
         except UnsupportedEventError as error:
             raise PrivacyBudgetExceededError(
                 f"the ledger's accountant {self.accountant!r} cannot compose this fit: {error}"
@@ -337,8 +356,8 @@ class PrivacyLedger:
             raise PrivacyBudgetExceededError(
                 f"this fit would bring the ledger to epsilon={after:.4g} at delta={self.delta:g}, "
                 f"over its budget of epsilon={self.epsilon:g} (spent so far: "
-                f"{self._epsilon_of(events, extra):.4g}); nothing was run. Ask for a smaller "
-                "epsilon or use a new data set"
+                f"{self._epsilon_of(events, variation, divergence):.4g}); nothing was run. Ask "
+                "for a smaller epsilon or use a new data set"
             )
         return after
 
@@ -466,8 +485,14 @@ _TABLES = (
         epsilon DOUBLE PRECISION NOT NULL,
         delta DOUBLE PRECISION NOT NULL,
         extra_delta DOUBLE PRECISION NOT NULL,
+        max_divergence DOUBLE PRECISION NOT NULL DEFAULT 0,
         PRIMARY KEY (ledger, seq)
     )""",
+)
+#: Adds the column that ledgers created before it lack; their entries spent no max-divergence.
+_ADD_MAX_DIVERGENCE = (
+    "ALTER TABLE dpppl_ledger_entries "
+    "ADD COLUMN max_divergence DOUBLE PRECISION NOT NULL DEFAULT 0"
 )
 
 
@@ -488,10 +513,16 @@ class _SQLStore(_Store):
         """A transaction, committed if the block succeeds; ``write=True`` holds the write lock
         before the first statement runs."""
 
+    @abstractmethod
+    def _entry_columns(self, run: Run) -> set[str]:
+        """The columns of the stored entries' table."""
+
     def open(self, budget: _Budget) -> _Budget:
         with self._transaction(write=True) as run:
             for statement in self.setup:
                 run(statement)
+            if "max_divergence" not in self._entry_columns(run):
+                run(_ADD_MAX_DIVERGENCE)
             stored = self._stored_budget(run, lock="")
             if stored is not None:
                 return stored
@@ -517,8 +548,8 @@ class _SQLStore(_Store):
             admit(stored, entries)
             run(
                 "INSERT INTO dpppl_ledger_entries "
-                "(ledger, seq, event, relation, label, epsilon, delta, extra_delta) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "(ledger, seq, event, relation, label, epsilon, delta, extra_delta, "
+                "max_divergence) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     self.name,
                     len(entries),
@@ -528,6 +559,7 @@ class _SQLStore(_Store):
                     entry.epsilon,
                     entry.delta,
                     entry.extra_delta,
+                    entry.max_divergence,
                 ),
             )
 
@@ -540,13 +572,13 @@ class _SQLStore(_Store):
 
     def _entries(self, run: Run) -> list[LedgerEntry]:
         rows = run(
-            "SELECT event, relation, label, epsilon, delta, extra_delta "
+            "SELECT event, relation, label, epsilon, delta, extra_delta, max_divergence "
             "FROM dpppl_ledger_entries WHERE ledger = ? ORDER BY seq",
             (self.name,),
         )
         return [
-            LedgerEntry(event_from_json(event), NeighbourRelation(relation), label, eps, dlt, extra)
-            for event, relation, label, eps, dlt, extra in rows
+            LedgerEntry(event_from_json(event), NeighbourRelation(relation), *rest)
+            for event, relation, *rest in rows
         ]
 
 
@@ -574,6 +606,9 @@ class _SQLiteStore(_SQLStore):
             connection.execute("COMMIT")
         finally:
             connection.close()
+
+    def _entry_columns(self, run: Run) -> set[str]:
+        return {row[1] for row in run("PRAGMA table_info(dpppl_ledger_entries)")}
 
 
 class _PostgresStore(_SQLStore):
@@ -612,6 +647,13 @@ class _PostgresStore(_SQLStore):
                 return cursor.fetchall() if cursor.description is not None else []
 
             yield run
+
+    def _entry_columns(self, run: Run) -> set[str]:
+        rows = run(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_name = 'dpppl_ledger_entries' AND table_schema = current_schema()"
+        )
+        return {row[0] for row in rows}
 
 
 def _psycopg() -> ModuleType:

@@ -88,6 +88,7 @@ def sample(
             epsilon=plan.epsilon,
             delta=plan.delta,
             extra_delta=plan.extra_delta,
+            max_divergence=plan.max_divergence,
         )
     release, seeded = run_mechanism(
         mechanism_obj,

@@ -240,6 +240,40 @@ def test_an_old_json_ledger_opened_by_several_threads_at_once_is_migrated_once(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["budget.json", "budget.json.bak"]
 
 
+def test_a_ledger_file_from_before_max_divergence_gains_the_column_and_keeps_its_charges(
+    tmp_path,
+):
+    path = tmp_path / "budget.sqlite"
+    old = sqlite3.connect(path)
+    old.executescript("""
+        CREATE TABLE dpppl_ledgers (name TEXT PRIMARY KEY, epsilon DOUBLE PRECISION NOT NULL,
+            delta DOUBLE PRECISION NOT NULL, relation TEXT NOT NULL, accountant TEXT NOT NULL);
+        CREATE TABLE dpppl_ledger_entries (
+            ledger TEXT NOT NULL REFERENCES dpppl_ledgers (name), seq INTEGER NOT NULL,
+            event TEXT NOT NULL, relation TEXT NOT NULL, label TEXT NOT NULL,
+            epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL,
+            extra_delta DOUBLE PRECISION NOT NULL, PRIMARY KEY (ledger, seq));
+    """)
+    old.execute("INSERT INTO dpppl_ledgers VALUES ('default', 3.0, ?, ?, 'rdp')",
+                (DELTA, ADD_REMOVE.value))
+    old.execute("INSERT INTO dpppl_ledger_entries VALUES ('default', 0, ?, ?, 'old fit', 0.72, ?, 0)",
+                (FIT.to_json(), ADD_REMOVE.value, DELTA))
+    old.commit()
+    old.close()
+
+    ledger = PrivacyLedger(3.0, DELTA, "rdp", path=path)
+    assert [(e.label, e.max_divergence) for e in ledger.entries] == [("old fit", 0.0)]
+    ledger.charge(FIT, ADD_REMOVE, label="new fit", epsilon=0.73, delta=DELTA,
+                  max_divergence=1e-3)
+    reopened = PrivacyLedger(3.0, DELTA, "rdp", path=path)
+    assert [(e.label, e.max_divergence) for e in reopened.entries] == [
+        ("old fit", 0.0), ("new fit", 1e-3)
+    ]
+    assert reopened.spent() == pytest.approx(
+        get_accountant("rdp")().epsilon(ComposedEvent((FIT, FIT)), delta=DELTA * np.exp(-1e-3),
+                                        relation=ADD_REMOVE) + 2e-3, rel=1e-9)
+
+
 def test_a_file_that_is_not_a_ledger_is_refused_and_left_alone(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("not a ledger")
@@ -295,6 +329,24 @@ def test_a_large_budget_does_not_inflate_a_small_fits_extra_delta():
     assert spent < 1.0
 
 
+def test_a_fits_max_divergence_adds_twice_itself_to_epsilon_and_scales_the_events_delta():
+    """A fit whose output law is within a factor e^(±γ) of what its event covers (snapped noise's
+    float error) is (ε_event(δ e^(−γ)) + 2γ)-DP, and two such fits cost 2(γ₁ + γ₂)."""
+    rdp = get_accountant("rdp")()
+    ledger = PrivacyLedger(epsilon=3.0, delta=DELTA, accountant="rdp")
+    gamma = 1e-3  # far above any real fit's, so that it shows
+    spent = ledger.charge(FIT, ADD_REMOVE, label="fit", epsilon=0.73, delta=DELTA,
+                          max_divergence=gamma)
+    alone = rdp.epsilon(FIT, delta=DELTA * np.exp(-gamma), relation=ADD_REMOVE)
+    assert spent == pytest.approx(alone + 2 * gamma, rel=1e-9)
+    assert spent > rdp_epsilon(FIT) + 2 * gamma
+    both = ledger.check(FIT, ADD_REMOVE, epsilon=0.73, max_divergence=2 * gamma)
+    composed = get_accountant("rdp")().epsilon(
+        ComposedEvent((FIT, FIT)), delta=DELTA * np.exp(-3 * gamma), relation=ADD_REMOVE
+    )
+    assert both == pytest.approx(composed + 6 * gamma, rel=1e-9)
+
+
 # where a ledger lives ---------------------------------------------------------------------------
 
 
@@ -339,7 +391,8 @@ def postgres_url():
 @pytest.mark.postgres
 def test_a_postgresql_ledger_survives_a_restart_and_refuses_another_budget(postgres_url):
     ledger = PrivacyLedger(3.0, DELTA, "rdp", url=postgres_url, name="adult")
-    ledger.charge(FIT, ADD_REMOVE, label="fit A", epsilon=0.72, delta=DELTA, extra_delta=1e-12)
+    ledger.charge(FIT, ADD_REMOVE, label="fit A", epsilon=0.72, delta=DELTA, extra_delta=1e-12,
+                  max_divergence=1e-9)
     other = PrivacyLedger(3.0, DELTA, "rdp", url=postgres_url, name="adult")
     other.charge(FIT, ADD_REMOVE, label="fit B", epsilon=0.72, delta=DELTA)
 
@@ -347,7 +400,9 @@ def test_a_postgresql_ledger_survives_a_restart_and_refuses_another_budget(postg
     assert reopened.entries == ledger.entries == other.entries
     assert [entry.label for entry in reopened.entries] == ["fit A", "fit B"]
     assert reopened.entries[0].event == FIT and reopened.entries[0].extra_delta == 1e-12
-    assert reopened.spent() == pytest.approx(rdp_epsilon(FIT, FIT), rel=1e-6)
+    assert reopened.entries[0].max_divergence == 1e-9
+    # The fixed point for extra_delta claims up to 10⁻⁶ more; 2γ adds 2·10⁻⁹.
+    assert reopened.spent() == pytest.approx(rdp_epsilon(FIT, FIT), rel=2e-6)
     with pytest.raises(InvalidPrivacyParameterError, match="opened with accountant='pld'") as refusal:
         PrivacyLedger(3.0, DELTA, "pld", url=postgres_url, name="adult")
     # Neither messages nor reprs show the URL's user, password or options.

@@ -171,6 +171,22 @@ def test_a_plan_that_spends_all_its_delta_outside_its_event_is_refused(regressio
                  epsilon=1.0, delta=1e-5)
 
 
+@pytest.mark.parametrize("divergence", [-1e-9, 0.3, float("nan")])
+def test_a_plan_whose_max_divergence_is_negative_or_most_of_its_epsilon_is_refused(
+    regression_model, divergence
+):
+    class _Diverges(_SpendsItsDeltaOutsideItsEvent):
+        name = "diverges"
+
+        def plan(self, *, n_records, epsilon, delta, accountant):
+            return PrivacyPlan(epsilon=0.5, delta=delta, relation=self.relation,
+                               event=GaussianEvent(50.0), accountant="rdp",
+                               max_divergence=divergence)
+
+    with pytest.raises(PluginError, match="max_divergence"):
+        plan_fit(_Diverges(), record_model(regression_model), epsilon=1.0, delta=1e-5)
+
+
 def test_a_ledger_refuses_a_fit_over_budget_before_it_runs(regression_model):
     ledger = PrivacyLedger(epsilon=1.2, delta=1e-5, accountant="rdp")
     fit(regression_model, epsilon=1.0, ledger=ledger, accountant="rdp")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import sys
 import warnings
@@ -69,6 +70,12 @@ class PrivacyPlan:
         It is a total-variation term, (1 + e^ε)·η for a mechanism within total variation η of the
         declared one, reported at ``epsilon``; a ledger takes η back out of it and converts it at
         the ε it claims for all its fits together.
+    max_divergence
+        γ ≥ 0 where the mechanism's output law is, for every data set, within a factor e^(±γ)
+        of one that the declared event and ``extra_delta`` cover (for example noise whose
+        floating-point sampler has a bounded relative error): ``epsilon`` is then the
+        accountant's bound for ``event`` at (``delta`` − ``extra_delta``)·e^(−γ), plus 2γ.  A
+        ledger adds the 2γ of its fits to the ε it claims and scales its events' δ by e^(−Σγ).
     """
 
     epsilon: float
@@ -80,6 +87,12 @@ class PrivacyPlan:
     guarantee: str = APPROXIMATE_DP
     details: dict[str, Any] = field(default_factory=dict)
     extra_delta: float = 0.0
+    max_divergence: float = 0.0
+
+    @property
+    def event_delta(self) -> float:
+        """The δ at which ``event`` alone is accounted: (δ − extra_delta)·e^(−max_divergence)."""
+        return (self.delta - self.extra_delta) * math.exp(-self.max_divergence)
 
 
 @dataclass

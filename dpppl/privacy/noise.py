@@ -73,9 +73,13 @@ EXACT_RANGE = 2.0**53
 #: The smallest noise scale (std / grid) of a snapped release: from there on the discrete Gaussian
 #: is within 5·10⁻¹⁸ of the rounded continuous Gaussian in total variation.
 MIN_SCALE = 2.0**26
-#: Bound on the total variation between one draw of :func:`discrete_gaussian` and the exact
-#: discrete Gaussian, from the float64 rounding of its acceptance test (derivation there).
-SAMPLER_TV = 2.0**-48
+#: Bound on the total variation between one draw of :func:`discrete_gaussian` and a law within a
+#: factor e^(±``SAMPLER_LOG_RATIO``) of the exact discrete Gaussian: what the proposal's
+#: thresholds, the acceptance test's 63-bit comparison and its underflow leave (derivation there).
+SAMPLER_TV = 2.0**-56
+#: Bound on the log-ratio of that law to the exact discrete Gaussian at every integer: the float64
+#: rounding of the acceptance probability, a relative error, wherever it is above 2⁻⁶⁴.
+SAMPLER_LOG_RATIO = 2.0**-43
 #: Largest scale :func:`discrete_gaussian` takes: its proposals (below 45 t ≤ 45·√2·scale) stay
 #: below 2⁵³, exact in float64.
 MAX_SCALE = 2.0**46
@@ -131,18 +135,29 @@ def discrete_gaussian(
     **What float64 leaves.**  The output is an exact integer and its support, every |y| < 45 t
     whose acceptance probability is not lost to underflow, depends on s alone.  Only the
     acceptance probability is computed in floating point; its error, not the data, can shift
-    probabilities.  Bound: with u = 2⁻⁵³, the computed log a is within
-    u (2.5 w² + √2 |w| + |log a|)(1 + 10⁻⁹) of the exact one (w = |y|/s − s/t; IEEE arithmetic),
-    and e^(log a) times that is at most 3.11 u (maximise over w and log a); exp adds at most
-    ρ a with ρ = 8 u (4 ulp; XLA's CPU exp is within 1.6 ulp, checked in
-    ``tests/privacy/test_randomness.py``); the 2⁻⁶³ comparison adds 2⁻⁶³; V's thresholds add at
-    most 2(44 · 2⁻⁶⁴ + Σ_{v≥45} e^(−v)) < 5·10⁻¹⁸ to the proposal's L1 error.  For rejection
-    sampling with one-round sub-probabilities f = π a (exact) and f̃ (computed),
-    TV(output, N_Z) ≤ ‖f̃ − f‖₁ / Ã ≤ (3.11 u + 8 u + 2⁻⁶³ + 5·10⁻¹⁸) / (0.412 − 10⁻¹⁵)
-    < 3.1·10⁻¹⁵ < ``SAMPLER_TV`` = 2⁻⁴⁸.  The privacy accounting charges it
-    (:class:`SnappedGaussian`).  (``jax.random.geometric`` would not do for the proposal: it
-    takes a float log of a 52-bit uniform, whose law at t ≈ 2⁴⁰ is off by a relative 2⁻¹² per
-    integer and has holes beyond about 8 t.)
+    probabilities.  With u = 2⁻⁵³ and w = |y|/s − s/t (IEEE arithmetic), the computed log a is
+    within u (2.5 w² + √2 |w| + |log a|)(1 + 10⁻⁹) of the exact one, and exp adds a relative
+    error of at most 8 u (4 ulp; XLA's CPU exp is within 1.6 ulp, checked in
+    ``tests/privacy/test_randomness.py``).  Split the proposals y by their exact a:
+
+    * where a ≥ 2⁻⁶⁴, |log a| ≤ 44.37 and w² ≤ 2 |log a|, so the computed ã is within a relative
+      ρ = 288 u of a (279.5 u from log a, 8 u from exp);
+    * elsewhere |w| < 64 keeps the error of log a below 2·10⁻¹² and ã < 2⁻⁶³, so the test never
+      accepts y, whose exact acceptance is below 2⁻⁶⁴.
+
+    Let f = π a be the exact one-round sub-probabilities (π the exact proposal law), f̃ the
+    computed ones, and f′ = π ã where a ≥ 2⁻⁶⁴, f′ = f elsewhere.  Then f′/f lies in
+    [1 − ρ, 1 + ρ] everywhere, so the output law f′/‖f′‖₁ of a rejection sampler with f′ is
+    within a factor (1 + ρ)/(1 − ρ) < e^(``SAMPLER_LOG_RATIO``) = e^(2⁻⁴³) of N_Z at every
+    integer, either way.  And ‖f̃ − f′‖₁ is at most the 2⁻⁶³ of the comparison with a 63-bit
+    word, plus 2⁻⁶⁴ for the proposals never accepted, plus V's thresholds'
+    2(44 · 2⁻⁶⁴ + Σ_{v≥45} e^(−v)) < 5·10⁻¹⁸ in the proposal law, so the real output is within
+    total variation ‖f̃ − f′‖₁ / Ã < 5.17·10⁻¹⁸ / 0.41199 < ``SAMPLER_TV`` = 2⁻⁵⁶ of that law.
+    A relative error is a max-divergence, which the privacy accounting adds to ε, not a total
+    variation, which it charges (1 + e^ε)-fold in δ (:class:`SnappedGaussian`).
+    (``jax.random.geometric`` would not do for the proposal: it takes a float log of a 52-bit
+    uniform, whose law at t ≈ 2⁴⁰ is off by a relative 2⁻¹² per integer and has holes beyond
+    about 8 t.)
 
     Parameters
     ----------
@@ -184,9 +199,7 @@ def discrete_gaussian(
             jnp.uint64
         )
         magnitude = u + (v << log2_t)
-        w = magnitude.astype(jnp.float64) / scale - scale / t
-        log_accept = -(u.astype(jnp.float64) / t) - 0.5 * w * w
-        threshold = (jnp.exp(log_accept) * 2.0**63).astype(jnp.uint64)
+        threshold = (acceptance(magnitude, u, scale, t) * 2.0**63).astype(jnp.uint64)
         accepted = ((words[2] >> 1) < threshold) & ~(negative & (magnitude == 0))
         value = magnitude.astype(jnp.int64)
         return jnp.where(negative, -value, value), accepted
@@ -206,6 +219,17 @@ def discrete_gaussian(
 
     start = fill((jnp.zeros(count, dtype=jnp.int64), jnp.array(0), key))
     return jax.lax.while_loop(lambda state: state[1] < count, fill, start)[0].reshape(shape)
+
+
+def acceptance(
+    magnitude: jax.Array, low: jax.Array, scale: float | jax.Array, t: float | jax.Array
+) -> jax.Array:
+    """The acceptance probability a = exp(−U/t − (|y|/s − s/t)²/2) of :func:`discrete_gaussian`'s
+    proposal |y| = ``magnitude`` with U = ``low`` (|y| mod t), computed in float64 as the
+    sampler computes it: within a relative 288·2⁻⁵³ of the exact value wherever that is at least
+    2⁻⁶⁴, and below 2⁻⁶³ elsewhere (derivation in :func:`discrete_gaussian`)."""
+    w = magnitude.astype(jnp.float64) / scale - scale / t
+    return jnp.exp(-(low.astype(jnp.float64) / t) - 0.5 * w * w)
 
 
 def discrete_gaussian_tv_bound(scale: float) -> float:
@@ -260,24 +284,29 @@ class SnappedGaussian:
 
     **Theorem.**  Let a mechanism make T adaptive steps, each releasing R for a (for example
     Poisson-subsampled) batch of clipped rows, and suppose that the same mechanism with X
-    replaced by round(s Z), Z ~ N(0, I_d), is (ε, δ_a)-DP by an accountant's bound for the
-    Gaussian mechanism with noise multiplier σ and sensitivity Δ.  Then it is
-    (ε, δ_a + (1 + e^ε) T d (η(s) + ``SAMPLER_TV``))-DP, η from
-    :func:`discrete_gaussian_tv_bound`; :meth:`delta_cost` bounds the extra δ.
+    replaced by round(s Z), Z ~ N(0, I_d), is (ε_a, δ_a)-DP by an accountant's bound for the
+    Gaussian mechanism with noise multiplier σ and sensitivity Δ.  With γ = T d
+    ``SAMPLER_LOG_RATIO`` (:meth:`max_divergence`) and τ = T d (η(s) + ``SAMPLER_TV``), η from
+    :func:`discrete_gaussian_tv_bound`, it is (ε, e^γ δ_a + (1 + e^ε) τ)-DP with
+    ε = ε_a + 2γ; :meth:`delta_cost` bounds (1 + e^ε) τ.
 
     *Proof.*  (1) With m = Σ_i round(x_i/g) an integer vector, m + round(s Z) =
-    round((g m + σΔ Z)/g): the idealised release is a rounding, i.e. post-processing, of the
+    round((g m + σΔ Z)/g): the idealised release P₀ is a rounding, i.e. post-processing, of the
     Gaussian mechanism applied to g m, whose L2 sensitivity to adding or removing one row is
     ‖g round(x/g)‖ ≤ C + g√d/2 ≤ Δ.  So the event with multiplier σ (relative to Δ) and the
     accountant apply unchanged.  (The spare g√d/2 also covers the float64 rounding of
     clipping, relative error below (d/2 + 3) 2⁻⁵³, whenever the grid of :meth:`for_sum` is
-    used and capacity + 64σ ≥ √d / 8.)  (2) Per coordinate and step,
-    TV(X, round(sZ)) ≤ TV(X, N_Z(0, s²)) + TV(N_Z(0, s²), round(sZ)) ≤ SAMPLER_TV + η(s).  The
-    noise is drawn independently of the data and of earlier outputs, so coupling the T d draws
-    one at a time bounds the distance between the real and idealised outputs by
-    τ = T d (SAMPLER_TV + η(s)) for every data set.  (3) If P̃, P are within τ and P is
-    (ε, δ_a)-DP, then P̃(S | D) ≤ P(S | D) + τ ≤ e^ε P(S | D′) + δ_a + τ
-    ≤ e^ε P̃(S | D′) + δ_a + (1 + e^ε) τ.  ∎
+    used and capacity + 64σ ≥ √d / 8.)  The noise is drawn independently of the data and of
+    earlier outputs, so a bound on each of the T d draws bounds the whole output's law, for every
+    data set, as follows.  (2) P₁, with exact N_Z(0, s²) noise, is within total variation
+    T d η(s) of P₀.  (3) P₂, with noise whose law is within a factor e^(±SAMPLER_LOG_RATIO) of
+    N_Z(0, s²) at every integer (:func:`discrete_gaussian`), has P₂(S | D) within a factor
+    e^(±γ) of P₁(S | D) for every set S of outputs.  (4) The real release P̃ is within total
+    variation T d SAMPLER_TV of P₂.  Then, with E = e^(ε_a): P₁ is
+    (ε_a, δ_a + (1 + E) T d η)-DP (a distance τ′ gives P₁(S | D) ≤ P₀(S | D) + τ′
+    ≤ E P₀(S | D′) + δ_a + τ′ ≤ E P₁(S | D′) + δ_a + (1 + E) τ′); P₂ is
+    (ε, e^γ δ_a + e^γ (1 + E) T d η)-DP, and e^γ (1 + E) ≤ 1 + E e^(2γ) = 1 + e^ε because
+    (e^γ − 1)(E e^γ − 1) ≥ 0; and P̃ adds (1 + e^ε) T d SAMPLER_TV in the same way.  ∎
 
     Float64 exactness: the rows are rounded *before* summing, so the sum of integers is exact
     in any order while Σ|round(x_i/g)| + |X| < 2⁵³, which :func:`snapped_gaussian_release`
@@ -370,6 +399,13 @@ class SnappedGaussian:
         (1 + e^ε) · steps · dim · (η(MIN_SCALE) + SAMPLER_TV)."""
         per_draw = discrete_gaussian_tv_bound(MIN_SCALE) + SAMPLER_TV
         return total_variation_delta(epsilon, steps * dim * per_draw)
+
+    @staticmethod
+    def max_divergence(*, steps: int, dim: int) -> float:
+        """γ = steps · dim · SAMPLER_LOG_RATIO: the released noise's law is within a factor
+        e^(±γ) of exact discrete-Gaussian noise, which adds 2γ to ε and scales the accounted δ
+        by e^γ (see the class's theorem)."""
+        return steps * dim * SAMPLER_LOG_RATIO
 
 
 def snapped_gaussian_release(

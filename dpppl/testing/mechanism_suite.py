@@ -96,7 +96,8 @@ class MechanismChecks(MechanismHarness):
 
     def check_privacy_event(self) -> str | None:
         """The plan declares an event consistent with itself: the accountant bounds the event
-        at the plan's δ less its ``extra_delta`` by at most the plan's ε (≤ the target, ≥ (1 − CALIBRATION_RTOL) of it);
+        at the plan's :attr:`~dpppl.plugin.mechanism.PrivacyPlan.event_delta`, plus twice its
+        ``max_divergence``, by at most the plan's ε (≤ the target, ≥ (1 − CALIBRATION_RTOL) of it);
         the event's Gaussian noise multipliers are at most the plan's σ; ``privacy_event`` at the
         plan's σ gives the plan's event, and more noise gives a smaller ε; the event survives
         JSON; the relation is the mechanism's."""
@@ -138,15 +139,18 @@ class MechanismChecks(MechanismHarness):
                 "dpppl.calibrate_noise_multiplier) instead of choosing it by hand",
             )
         accountant = get_accountant(plan.accountant)()
-        # δ spent outside the event (extra_delta) is not the event's to use.
-        event_delta = plan.delta - plan.extra_delta
+        # δ spent outside the event (extra_delta) is not the event's to use, and a
+        # max-divergence γ takes a factor e^γ of the rest and 2γ of ε.
+        event_delta = plan.event_delta
         bound = accountant.epsilon(plan.event, delta=event_delta, relation=plan.relation)
+        bound += 2 * plan.max_divergence
         if bound > plan.epsilon * (1 + 1e-6):
             raise self.fail(
                 "declared privacy event",
                 expected=f"the accountant {plan.accountant!r} to bound the declared event by at "
                 f"most the planned epsilon={plan.epsilon:.6g} at delta={event_delta:g} (the "
-                "plan's delta less its extra_delta)",
+                "plan's delta less its extra_delta, times e^-max_divergence; plus "
+                "2 max_divergence)",
                 happened=f"it bounds it by {bound:.6g}: the plan claims more privacy than the "
                 f"event it declares ({plan.event.to_json()})",
                 fix="take the plan's epsilon from the accountant for exactly the declared event",
@@ -672,7 +676,8 @@ def check_mechanism(
         dataclass; unknown options are refused.
     declared privacy event
         The plan's event, accounted by the plan's accountant at the plan's δ less its
-        ``extra_delta``, gives at most the plan's ε, which lies within ``CALIBRATION_RTOL`` below the target; the event claims no
+        ``extra_delta`` (times e^(−``max_divergence``), plus 2 ``max_divergence``), gives at most
+        the plan's ε, which lies within ``CALIBRATION_RTOL`` below the target; the event claims no
         more noise than the plan's noise multiplier and depends on it; it survives JSON.  Mechanisms whose
         guarantee is of another kind (no event) must say so and name no accountant.
     result layout

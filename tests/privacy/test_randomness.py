@@ -20,6 +20,7 @@ from dpppl.privacy.noise import (
     MIN_SCALE,
     NOISE_BOUND,
     SnappedGaussian,
+    acceptance,
     discrete_gaussian,
     discrete_gaussian_tv_bound,
     jax_key,
@@ -163,6 +164,50 @@ class TestDiscreteGaussian:
         assert max(ulps) <= 4
 
 
+class TestAcceptanceError:
+    """The sampler's float64 acceptance probability is within a relative ρ = 288·2⁻⁵³ of the
+    exact one where that is at least 2⁻⁶⁴ (what SAMPLER_LOG_RATIO = 2⁻⁴³ > 2ρ charges to ε),
+    and never accepts elsewhere (what SAMPLER_TV charges to δ)."""
+
+    @staticmethod
+    def computed_and_exact(scale: float, w: np.ndarray):
+        mpmath = pytest.importorskip("mpmath")
+        mpmath.mp.prec = 200
+        log2_t = round(math.log2(scale))
+        t = 2.0**log2_t
+        magnitude = np.unique(np.floor(scale * (w + scale / t)).astype(np.int64))
+        magnitude = magnitude[(magnitude >= 0) & (magnitude < 45 * t)]
+        low = magnitude % int(t)
+        computed = np.asarray(jax.jit(acceptance)(
+            jnp.asarray(magnitude, dtype=jnp.uint64), jnp.asarray(low, dtype=jnp.uint64),
+            scale, t))
+        s, tt = mpmath.mpf(scale), mpmath.mpf(t)
+        exact = [mpmath.exp(-mpmath.mpf(int(u)) / tt - (mpmath.mpf(int(m)) / s - s / tt) ** 2 / 2)
+                 for m, u in zip(magnitude, low, strict=True)]
+        return computed, exact
+
+    @pytest.mark.parametrize("scale", [37.9, 1000.3, 2.0**26 * 1.3, 2.0**40 * 0.77, 2.0**46])
+    def test_the_relative_error_is_within_rho_where_the_acceptance_is_at_least_2_to_the_minus_64(
+        self, scale
+    ):
+        t = 2.0 ** round(math.log2(scale))
+        w = np.random.default_rng(1).uniform(-scale / t, 9.42, 20_000)
+        computed, exact = self.computed_and_exact(scale, w)
+        errors = [abs(c / e - 1) for c, e in zip(computed, exact, strict=True) if e >= 2.0**-64]
+        assert len(errors) > 100
+        assert max(errors) <= 288 * 2.0**-53
+        # Not a loose bound: the error grows with w² as the derivation says.
+        assert max(errors) > 10 * 2.0**-53
+
+    @pytest.mark.parametrize("scale", [1000.3, 2.0**26 * 1.3, 2.0**46])
+    def test_below_2_to_the_minus_64_the_test_never_accepts(self, scale):
+        w = np.random.default_rng(2).uniform(9.4, 63.6, 20_000)
+        computed, exact = self.computed_and_exact(scale, w)
+        below = np.array([e < 2.0**-64 for e in exact])
+        assert below.sum() > 100
+        assert np.all(np.floor(computed[below] * 2.0**63) == 0)
+
+
 class TestTotalVariationBound:
     @staticmethod
     def exact_distance(scale: int):
@@ -252,9 +297,12 @@ class TestSnappedGaussian:
 
     def test_the_delta_cost_grows_with_steps_coordinates_and_epsilon(self):
         cost = SnappedGaussian.delta_cost(steps=10_000, dim=20, epsilon=1.0)
-        per_draw = discrete_gaussian_tv_bound(MIN_SCALE) + 2.0**-48
+        per_draw = discrete_gaussian_tv_bound(MIN_SCALE) + 2.0**-56
         assert cost == pytest.approx((1 + math.e) * 10_000 * 20 * per_draw)
-        assert cost < 1e-8
+        assert cost < 2e-11  # 3.5·10⁻⁹ before the relative error went to ε
+
+    def test_the_max_divergence_grows_with_steps_and_coordinates_only(self):
+        assert SnappedGaussian.max_divergence(steps=10_000, dim=20) == 200_000 * 2.0**-43
 
 
 class TestHardenedNADPVI:
