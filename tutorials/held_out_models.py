@@ -8,6 +8,11 @@ records' outcomes y; its priors generate the truths that TARP checks.
 * Two covariates (correlation 0.5), N = 1000: ``student_t``, ``negbin``, ``gamma``, ``probit``,
   ``beta``, ``hetero`` (normal with a log-linear scale), ``softmax`` (three classes),
   ``ordinal`` (ordered logistic, three cutpoints).
+* Between 13 and 30 parameters, where NA-DPVI releases the records' full curvature and reads it
+  with the likelihood model (stop 71): ``mid_logistic`` (20 covariates with Toeplitz correlation
+  0.5^|i-j|, N = 5000), ``mid_poisson`` (24 covariates, Toeplitz 0.3^|i-j|, N = 3000),
+  ``groups`` (a normal regression with varying intercepts over 20 public groups of unequal
+  size, written centred, and a common slope; N = 2000, 24 parameters).
 * Past 30 parameters, where NA-DPVI reads a diagonal curvature: ``wide_logistic`` (35
   covariates, N = 2000), ``wide_poisson`` (32 covariates with Toeplitz correlation 0.3^|i-j|,
   N = 3000), ``wide_regression`` (normal with unknown scale, 40 covariates, N = 2000).
@@ -57,6 +62,8 @@ SMOKE_OPTIONS = {"steps": 300, "tune": 100, "draws": 100, "chains": 1}
 #: Steps of the trace at which ``--trace`` reports the displacement.
 TRACE_STEPS = (0, 250, 500, 1000, 2000, 4000, 10_000)
 CORRELATION = np.array([[1.0, 0.5], [0.5, 1.0]])
+#: Public groups of the ``groups`` model.
+GROUPS = 20
 
 
 @dataclass(frozen=True)
@@ -86,12 +93,31 @@ def wide_logistic_covariates(rng: np.random.Generator) -> np.ndarray:
 
 
 def toeplitz_covariates(rng: np.random.Generator) -> np.ndarray:
-    lags = np.abs(np.subtract.outer(np.arange(32), np.arange(32)))
-    return 0.5 * rng.multivariate_normal(np.zeros(32), 0.3**lags, 3000)
+    return toeplitz(rng, 3000, 32, 0.3)
 
 
 def regression_covariates(rng: np.random.Generator) -> np.ndarray:
     return rng.standard_normal((2000, 40))
+
+
+def toeplitz(rng: np.random.Generator, n: int, size: int, correlation: float) -> np.ndarray:
+    """``n`` records of ``size`` covariates with sd 0.5 and correlation ``correlation``^|i-j|."""
+    lags = np.abs(np.subtract.outer(np.arange(size), np.arange(size)))
+    return 0.5 * rng.multivariate_normal(np.zeros(size), correlation**lags, n)
+
+
+def mid_logistic_covariates(rng: np.random.Generator) -> np.ndarray:
+    return toeplitz(rng, 5000, 20, 0.5)
+
+
+def mid_poisson_covariates(rng: np.random.Generator) -> np.ndarray:
+    return toeplitz(rng, 3000, 24, 0.3)
+
+
+def grouped_covariates(rng: np.random.Generator) -> np.ndarray:
+    """A covariate and a public group label (column 1, 20 groups of unequal size)."""
+    groups = rng.choice(GROUPS, size=2000, p=np.arange(1, GROUPS + 1) / (GROUPS * (GROUPS + 1) / 2))
+    return np.stack([rng.standard_normal(2000), groups], axis=1)
 
 
 def _model(X: np.ndarray) -> tuple[pm.Model, pt.TensorVariable]:
@@ -215,6 +241,29 @@ def wide_regression(X: np.ndarray, y: np.ndarray) -> pm.Model:
     return model
 
 
+def mid_logistic(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    return wide_logistic(X, y)
+
+
+def mid_poisson(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    return wide_poisson(X, y)
+
+
+def groups(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    """Varying intercepts over 20 public groups, written centred, and a common slope."""
+    model = pm.Model(coords={"group": range(GROUPS)})
+    with model:
+        data = pm.Data("X", X)
+        x, group = data[:, 0], pt.cast(data[:, 1], "int64")
+        mu_a = pm.Normal("mu_a", 0, 1)
+        tau = pm.HalfNormal("tau", 1)
+        a = pm.Normal("a", mu_a, tau, dims="group")
+        b = pm.Normal("b", 0, 1)
+        s = pm.HalfNormal("s", 1)
+        pm.Normal("y", a[group] + b * x, s, observed=y)
+    return model
+
+
 MODELS = {
     "student_t": HeldOutModel(student_t, correlated_pair, 1000, discrete=False),
     "negbin": HeldOutModel(negbin, correlated_pair, 1000, discrete=True),
@@ -227,6 +276,9 @@ MODELS = {
     "wide_logistic": HeldOutModel(wide_logistic, wide_logistic_covariates, 2000, discrete=True),
     "wide_poisson": HeldOutModel(wide_poisson, toeplitz_covariates, 3000, discrete=True),
     "wide_regression": HeldOutModel(wide_regression, regression_covariates, 2000, discrete=False),
+    "mid_logistic": HeldOutModel(mid_logistic, mid_logistic_covariates, 5000, discrete=True),
+    "mid_poisson": HeldOutModel(mid_poisson, mid_poisson_covariates, 3000, discrete=True),
+    "groups": HeldOutModel(groups, grouped_covariates, 2000, discrete=False),
 }
 
 
