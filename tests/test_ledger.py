@@ -38,9 +38,9 @@ FIT = poisson_subsampled_gaussian(3.0, 0.05, 100)  # ε = 0.65 at δ = 1e-5 unde
 HALF_BUDGET_FIT = poisson_subsampled_gaussian(1.7, 0.01, 500)
 
 
-def rdp_epsilon(*events) -> float:
+def rdp_epsilon(*events, delta: float = DELTA) -> float:
     return get_accountant("rdp")().epsilon(
-        ComposedEvent(tuple(events)), delta=DELTA, relation=ADD_REMOVE
+        ComposedEvent(tuple(events)), delta=delta, relation=ADD_REMOVE
     )
 
 
@@ -270,8 +270,7 @@ def test_a_ledger_file_from_before_max_divergence_gains_the_column_and_keeps_its
         ("old fit", 0.0), ("new fit", 1e-3)
     ]
     assert reopened.spent() == pytest.approx(
-        get_accountant("rdp")().epsilon(ComposedEvent((FIT, FIT)), delta=DELTA * np.exp(-1e-3),
-                                        relation=ADD_REMOVE) + 2e-3, rel=1e-9)
+        rdp_epsilon(FIT, FIT, delta=DELTA * np.exp(-1e-3)) + 2e-3, rel=1e-9)
 
 
 def test_a_file_that_is_not_a_ledger_is_refused_and_left_alone(tmp_path):
@@ -332,18 +331,15 @@ def test_a_large_budget_does_not_inflate_a_small_fits_extra_delta():
 def test_a_fits_max_divergence_adds_twice_itself_to_epsilon_and_scales_the_events_delta():
     """A fit whose output law is within a factor e^(±γ) of what its event covers (snapped noise's
     float error) is (ε_event(δ e^(−γ)) + 2γ)-DP, and two such fits cost 2(γ₁ + γ₂)."""
-    rdp = get_accountant("rdp")()
     ledger = PrivacyLedger(epsilon=3.0, delta=DELTA, accountant="rdp")
     gamma = 1e-3  # far above any real fit's, so that it shows
     spent = ledger.charge(FIT, ADD_REMOVE, label="fit", epsilon=0.73, delta=DELTA,
                           max_divergence=gamma)
-    alone = rdp.epsilon(FIT, delta=DELTA * np.exp(-gamma), relation=ADD_REMOVE)
+    alone = rdp_epsilon(FIT, delta=DELTA * np.exp(-gamma))
     assert spent == pytest.approx(alone + 2 * gamma, rel=1e-9)
     assert spent > rdp_epsilon(FIT) + 2 * gamma
     both = ledger.check(FIT, ADD_REMOVE, epsilon=0.73, max_divergence=2 * gamma)
-    composed = get_accountant("rdp")().epsilon(
-        ComposedEvent((FIT, FIT)), delta=DELTA * np.exp(-3 * gamma), relation=ADD_REMOVE
-    )
+    composed = rdp_epsilon(FIT, FIT, delta=DELTA * np.exp(-3 * gamma))
     assert both == pytest.approx(composed + 6 * gamma, rel=1e-9)
 
 

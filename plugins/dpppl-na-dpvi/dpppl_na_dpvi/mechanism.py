@@ -615,10 +615,9 @@ class NADPVI(Mechanism):
                     "na-dpvi's plan needs the model's dimension: call check_model(model) first "
                     "(dpppl.engine.plan_fit does)"
                 )
-            snapping = SnappedGaussian.delta_cost(
-                steps=o.steps, dim=self._release_dim(), epsilon=epsilon
-            )
-            divergence = SnappedGaussian.max_divergence(steps=o.steps, dim=self._release_dim())
+            dim = self._release_dim()
+            snapping = SnappedGaussian.delta_cost(steps=o.steps, dim=dim, epsilon=epsilon)
+            divergence = SnappedGaussian.max_divergence(steps=o.steps, dim=dim)
         extra_delta = truncation + snapping
         if extra_delta >= delta:
             remedy = "a larger delta or the option noise='float'" if snapping >= truncation else (
@@ -673,7 +672,7 @@ class NADPVI(Mechanism):
                 capacity=sampler.capacity,
                 clipping_bound=release_bound(bound, curvature),
                 noise_multiplier=accounted.noise_multiplier,
-                dim=self._release_dim(),
+                dim=dim,
             )
             details.update(
                 grid=release.grid,
