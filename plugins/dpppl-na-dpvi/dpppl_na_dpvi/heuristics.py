@@ -57,6 +57,17 @@ inform A's correlations, so NA-DPVI's ``rates="auto"`` uses these rates exactly 
 
 Burn-in.  β_μ and λ are recomputed from the released trace every chunk of steps during the
 burn-in T* and frozen after it, so the post-processing model sees one noise level σC/β.
+
+q's variances in the burn-in (wander-bounded rates).  In log-variance u's gradient is
+(v/v* − 1)/2 per unit of curvature, with v* its optimum: it falls fast from above but climbs at
+most r/2 a step from below.  The start, 1/N, is below v* for every parameter a record informs
+less than a unit's worth, N/n times below for an intercept of n records, and while v < v* the
+wander-bounded rate of μ (λ_heur β_μ², with β_μ² = vN) is r·v/v*.  With varying intercepts over
+20 groups of 10–190 records (N = 2000, ε = 1, r·T ≈ 2) q's sds were still climbing at the end of
+the trace and the intercepts had barely moved: 12 posterior sds from the optimum at the end,
+the noise scale 38 above.  So u's rate in the burn-in is ``BURN_IN_U_FACTOR`` times μ's: u's
+own wander is small (its noise is D/N of its scale), and μ keeps the wander-bounded rate
+(``tutorials/RESULTS.md``, stop 72).
 """
 
 from __future__ import annotations
@@ -86,6 +97,8 @@ FINAL_RATE = 0.002
 WANDER_SCALE = 1.0
 #: The burn-in starts at this multiple of the final rate (at most ``BURN_IN_RATE``).
 BURN_IN_FACTOR = 10.0
+#: With wander-bounded rates, u's rate in the burn-in is this multiple of μ's (see above).
+BURN_IN_U_FACTOR = 10.0
 #: Bounds on β_μ, against a collapsed or exploding variance early in the burn-in.
 BETA_RANGE = (1e-8, 1e8)
 
@@ -231,12 +244,16 @@ class StandardisedSchedule:
         gradients locate the optimum."""
         return free_phi[self.settled_start(free_phi) :].mean(axis=0)
 
-    def _mu_factor(self, beta: np.ndarray) -> np.ndarray | float:
-        """λ_μ = λ_heur β_μ² with ``equal_rates`` (μ relaxes at r), λ_heur β_μ without."""
+    def _rate_factor(self, beta: np.ndarray, progress: float) -> np.ndarray | float:
+        """λ's factor on λ_heur β: 1 without ``equal_rates``; with them β_μ for μ (λ_μ =
+        λ_heur β_μ², so that μ relaxes at r) and, in the burn-in of the rule's rates,
+        ``BURN_IN_U_FACTOR`` for u."""
         if not self.equal_rates:
             return 1.0
         n = self.model.n_params
-        return np.concatenate([beta[:n], np.ones(n)])
+        # A user's λ_c is one rate for the whole run; only the rule's burn-in speeds u up.
+        burning_in = progress < 1 and self.learning_rate_scale is None
+        return np.concatenate([beta[:n], np.full(n, BURN_IN_U_FACTOR if burning_in else 1.0)])
 
     def settings(self, recent_phi: np.ndarray, *, progress: float) -> DPSGDSettings:
         n = self.model.n_params
@@ -258,7 +275,7 @@ class StandardisedSchedule:
             clipping_bound=float(self.clipping_bound),
             noise_multiplier=float(self.noise_multiplier),
             preconditioner=jnp.asarray(beta),
-            learning_rate=jnp.asarray(lr_heur * beta * self._mu_factor(beta)),
+            learning_rate=jnp.asarray(lr_heur * beta * self._rate_factor(beta, progress)),
             gaps=GeometricTable.for_rate(self.sampling_rate),
             n_records=int(self.model.n_records),
         )

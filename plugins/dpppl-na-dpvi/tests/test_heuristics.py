@@ -145,8 +145,29 @@ def test_under_strong_noise_the_final_rate_keeps_the_wander_within_its_bound(mod
     shift = n * (rate * strong.steps / 2) * share / n_records
     assert shift == pytest.approx(heuristics.WANDER_SCALE * math.sqrt((1 + share) / n_records))
     settings = strong.settings(strong.initial_phi()[None], progress=0.0)
-    first = float(settings.learning_rate[n]) * strong.sampling_rate / 2
-    assert first == pytest.approx(heuristics.BURN_IN_FACTOR * rate)
+    first_mu = float(settings.learning_rate[0]) * strong.sampling_rate / strong.init_variance
+    first_u = float(settings.learning_rate[n]) * strong.sampling_rate / 2
+    assert first_mu == pytest.approx(heuristics.BURN_IN_FACTOR * rate)
+    assert first_u == pytest.approx(heuristics.BURN_IN_U_FACTOR * first_mu)
+
+
+def test_with_equal_rates_u_relaxes_faster_than_mu_only_in_the_burn_in_of_the_rule(model):
+    """From below its optimum q's log-variance climbs at most r/2 a step (see the module's
+    docstring), so the rule's burn-in gives u ``BURN_IN_U_FACTOR`` times μ's rate."""
+    phi = np.array([[0.0, np.log(np.expm1(4e-4))]])
+
+    def rates(s, progress):
+        lr = np.asarray(s.settings(phi, progress=progress).learning_rate)
+        return lr[0] * s.sampling_rate / 4e-4, lr[1] * s.sampling_rate / 2
+
+    rule = schedule(model, equal_rates=True)
+    mu, u = rates(rule, 0.5)
+    assert u == pytest.approx(heuristics.BURN_IN_U_FACTOR * mu)
+    mu, u = rates(rule, 1.0)
+    assert u == pytest.approx(mu)
+    user = schedule(model, equal_rates=True, learning_rate_scale=0.7)
+    mu, u = rates(user, 0.5)
+    assert u == pytest.approx(mu)
 
 
 def test_with_wander_bounded_rates_a_regression_trace_wanders_as_predicted_and_is_unbiased():
