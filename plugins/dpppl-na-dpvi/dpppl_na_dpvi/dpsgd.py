@@ -2,11 +2,10 @@
 
 Each step Poisson-samples about κN records as a fixed-shape masked batch, takes per-record
 gradients of the mean-field ELBO loss (:meth:`~dpppl.plugin.RecordModel.elbo_loss_grads`),
-multiplies them by the preconditioning vector β, clips each to norm C (optionally its μ- and
-u-blocks apart, each to C/√2: :func:`clip_blocks`) and adds noise to their sum: by default the
-snapped release (:func:`dpppl.plugin.snapped_gaussian_release`: rows rounded to a power-of-two
-grid g, exact discrete-Gaussian noise of std σ(C + g√d), every output exactly k·g), or
-N(0, σ²C²) float64 noise.  It divides the noisy sum by β and takes an SGD step with
+multiplies them by the preconditioning vector β, clips each to norm C and adds noise to their
+sum: by default the snapped release (:func:`dpppl.plugin.snapped_gaussian_release`: rows rounded
+to a power-of-two grid g, exact discrete-Gaussian noise of std σ(C + g√d), every output exactly
+k·g), or N(0, σ²C²) float64 noise.  It divides the noisy sum by β and takes an SGD step with
 learning rate λ ⊙ β.  When the model allows only a few distinct records (binary or categorical
 observations without covariates), a step instead draws how many copies of each its batch holds,
 as independent Binomial(n_u, q) counts (the law of a Poisson batch grouped by value), and takes
@@ -61,29 +60,6 @@ def release_dim(n_params: int, curvature: bool) -> int:
     """Coordinates of one step's release: the 2n gradient coordinates, and the curvature row's
     n(n + 1)/2 (the upper triangle of an n × n outer product, diagonal included)."""
     return 2 * n_params + (n_params * (n_params + 1) // 2 if curvature else 0)
-
-
-def clip_blocks(rows: jax.Array, bound: float | jax.Array, n_params: int) -> jax.Array:
-    """Each record's μ-gradient and u-gradient (its first and last ``n_params`` columns) clipped
-    apart, each to C/√2, so that the row stays within C; a row that is not finite becomes zero.
-
-    A record's standardised u-gradient is I_i/Ī − 1 in each coordinate
-    (:mod:`dpppl_na_dpvi.heuristics`): about 1, except in a parameter that few records inform,
-    where it is about N/n for the n records that do.  The intercept of a group of 10 records
-    among N = 2000 gets 200 from each of them, against C ≈ 24.  Clipped as one row, such a
-    record's μ-gradient shrank with its u-gradient, so the likelihood's pull on the intercept
-    lost against the prior's, which every row carries: varying intercepts over 20 groups of
-    10–190 records came out pulled towards their mean (posterior mean's slope on the truth 0.63)
-    and the noise scale nine posterior sds high.  Clipping the blocks apart (per-layer clipping,
-    as in Opacus) leaves the μ-gradient of such a record whole (``tutorials/RESULTS.md``,
-    stop 72).
-    """
-    finite = jnp.all(jnp.isfinite(rows), axis=-1, keepdims=True)
-    rows = jnp.where(finite, rows, 0.0)
-    half = bound / np.sqrt(2)
-    return jnp.concatenate(
-        [clip_rows(rows[:, :n_params], half), clip_rows(rows[:, n_params:], half)], axis=1
-    )
 
 
 def release_bound(clipping_bound: float | jax.Array, curvature: bool) -> float | jax.Array:
@@ -189,7 +165,6 @@ def make_step(
     snapped: bool = False,
     counted: bool = False,
     curvature: bool = False,
-    split_clipping: bool = False,
 ):
     """One DP-SGD step ``step(phi, key, data, settings, grid) -> (new_phi, StepOutput)``.
 
@@ -197,8 +172,7 @@ def make_step(
     ignores ``grid``.  With ``counted`` (static) ``data`` is a :class:`CountedRecords`: the
     step draws how many copies of each record its batch holds and takes one gradient per
     record.  With ``curvature`` (static) every record's row also holds its curvature row
-    (:func:`curvature_rows`), released in the same noisy sum.  With ``split_clipping`` (static)
-    the μ- and u-blocks of each record's row are clipped apart (:func:`clip_blocks`).
+    (:func:`curvature_rows`), released in the same noisy sum.
     """
     n = model.n_params
 
@@ -216,12 +190,7 @@ def make_step(
         half = jax.random.normal(key_eps, ((mc_draws + 1) // 2, n), dtype=phi.dtype)
         eps = jnp.concatenate([half, -half])[:mc_draws]
         per_record = model.elbo_loss_grads(phi, batch, eps, settings.n_records)
-        rows = per_record * settings.preconditioner
-        rows = (
-            clip_blocks(rows, settings.clipping_bound, n)
-            if split_clipping
-            else clip_rows(rows, settings.clipping_bound)
-        )
+        rows = clip_rows(per_record * settings.preconditioner, settings.clipping_bound)
         if curvature:
             rows = jnp.concatenate(
                 [rows, curvature_rows(rows, n, settings.clipping_bound)], axis=1
@@ -253,7 +222,6 @@ def _chunk_runner(
     replicates: bool,
     counted: bool = False,
     curvature: bool = False,
-    split_clipping: bool = False,
 ):
     """Up to ``chunk`` steps under ``jax.lax.fori_loop``, jitted; with ``replicates``, vmapped
     over a leading replicate axis of the iterate, key, data and settings (the grid is shared).
@@ -262,7 +230,7 @@ def _chunk_runner(
     run (no batch is drawn and nothing is released), and their outputs are zeros for the caller
     to drop.  So a run whose phases are not multiples of ``chunk`` compiles one program, not one
     per remainder.  The curvature releases come out summed over the chunk."""
-    step = make_step(model, capacity, mc_draws, snapped, counted, curvature, split_clipping)
+    step = make_step(model, capacity, mc_draws, snapped, counted, curvature)
 
     def run(phi, key, data, settings, grid, length):
         keys = jax.random.split(key, chunk)
@@ -322,7 +290,6 @@ def run_dpsgd(
     chunk: int = 250,
     anchored_steps: int = 0,
     curvature: bool = False,
-    split_clipping: bool = False,
 ) -> tuple[Trace, DPSGDSettings]:
     """Run ``steps`` DP-SGD steps from ``phi0``; return the released trace and the final settings.
 
@@ -348,14 +315,12 @@ def run_dpsgd(
     (see :meth:`dpppl_na_dpvi.postprocess.TraceStatistics.from_trace`).
 
     ``curvature``: every step also releases its batch's curvature rows (:func:`curvature_rows`),
-    kept as sums per chunk in the trace.  ``split_clipping``: each record's μ- and u-blocks are
-    clipped apart (:func:`clip_blocks`).
+    kept as sums per chunk in the trace.
     """
     traces, settings = run_dpsgd_replicates(
         model, [data], np.asarray(phi0)[None], [schedule], [key],
         steps=steps, capacity=capacity, mc_draws=mc_draws, progress=progress, grid=grid,
         chunk=chunk, vectorised=False, anchored_steps=anchored_steps, curvature=curvature,
-        split_clipping=split_clipping,
     )
     return traces[0], settings[0]
 
@@ -430,7 +395,6 @@ def run_dpsgd_replicates(
     anchored_steps: int = 0,
     count_length: int | None = None,
     curvature: bool = False,
-    split_clipping: bool = False,
 ) -> tuple[list[Trace], list[DPSGDSettings]]:
     """:func:`run_dpsgd` on R independent replicates at once, as one vmapped program.
 
@@ -466,13 +430,9 @@ def run_dpsgd_replicates(
     preconditioners = []
     size = max(lengths)
     run = model.cached(
-        (
-            "na-dpvi", "dpsgd", capacity, mc_draws, size, snapped, vectorised, counted, curvature,
-            split_clipping,
-        ),
+        ("na-dpvi", "dpsgd", capacity, mc_draws, size, snapped, vectorised, counted, curvature),
         lambda: _chunk_runner(
-            model, capacity, mc_draws, size, snapped, vectorised, counted, curvature,
-            split_clipping,
+            model, capacity, mc_draws, size, snapped, vectorised, counted, curvature
         ),
     )
     with progress.task("DP-SGD", total=steps) as bar:

@@ -815,9 +815,6 @@ class NADPVI(Mechanism):
             vectorised=replicates,
             anchored_steps=o.anchored_steps,
             curvature=o.releases_curvature(model.n_params),
-            # Measured where the rates are wander-bounded (stop 72); the standardised rates'
-            # studies (UCI Adult, models past 30 parameters) were not re-run with it.
-            split_clipping=o.wander_bounded_rates(model.n_params),
         )
         read = self._read_coordinates(model)
         starts = [

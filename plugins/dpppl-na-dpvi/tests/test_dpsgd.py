@@ -76,28 +76,6 @@ def test_the_batch_sum_is_bounded_by_the_bound_times_the_batch_size(model):
     assert 0.9 * 25 <= float(jnp.linalg.norm(grad)) <= 25 * (1 + 1e-12)
 
 
-def test_with_split_clipping_a_large_u_gradient_leaves_the_records_mu_gradient_whole(model):
-    """Each block is clipped to C/√2 on its own, so a record's u-gradient, however large, does
-    not shrink what its μ-gradient contributes; clipped as one row, it does."""
-    data = {k: jnp.asarray(v[:1]) for k, v in model.data().items()}
-    phi = far_phi(model) / 40
-    bound = 1.0
-
-    def mu_block(split, beta_u):
-        step = jax.jit(make_step(model, capacity=1, mc_draws=4, split_clipping=split))
-        beta = jnp.array([1e-3, 1e-3, beta_u, beta_u])
-        out = step(phi, jax.random.key(3), data, settings(model, sigma=0.0, bound=bound, beta=beta))[1]
-        n = model.n_params
-        assert np.linalg.norm(out.noisy_sum) <= bound * (1 + 1e-12)
-        if split:
-            for block in (out.noisy_sum[:n], out.noisy_sum[n:]):
-                assert np.linalg.norm(block) <= bound / np.sqrt(2) * (1 + 1e-12)
-        return np.asarray(out.noisy_sum[:n])
-
-    np.testing.assert_allclose(mu_block(True, 1e4), mu_block(True, 1e-3), rtol=1e-12)
-    assert np.linalg.norm(mu_block(False, 1e4)) < 0.1 * np.linalg.norm(mu_block(False, 1e-3))
-
-
 def test_with_the_curvature_release_one_record_moves_the_release_by_at_most_its_bound(model):
     """The gradient (norm ≤ C) and the curvature row (norm ≤ ρC) together: C·√(1 + ρ²)."""
     step = jax.jit(make_step(model, capacity=1, mc_draws=4, curvature=True))
