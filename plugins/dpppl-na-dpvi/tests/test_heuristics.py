@@ -154,11 +154,12 @@ def test_under_strong_noise_the_final_rate_keeps_the_wander_within_its_bound(mod
 def test_with_equal_rates_u_relaxes_faster_than_mu_only_in_the_burn_in_of_the_rule(model):
     """From below its optimum q's log-variance climbs at most r/2 a step (see the module's
     docstring), so the rule's burn-in gives u ``BURN_IN_U_FACTOR`` times μ's rate."""
-    phi = np.array([[0.0, np.log(np.expm1(4e-4))]])
+    variance = 4e-4
+    phi = np.array([[0.0, np.log(np.expm1(variance))]])
 
     def rates(s, progress):
         lr = np.asarray(s.settings(phi, progress=progress).learning_rate)
-        return lr[0] * s.sampling_rate / 4e-4, lr[1] * s.sampling_rate / 2
+        return lr[0] * s.sampling_rate / variance, lr[1] * s.sampling_rate / 2
 
     rule = schedule(model, equal_rates=True)
     mu, u = rates(rule, 0.5)
