@@ -535,6 +535,8 @@ class LikelihoodDraws:
     sample_stats: dict[str, np.ndarray]
     gradient_scatter: np.ndarray  # (r,), :func:`gradient_scatter`
     u_gradient_scatter: np.ndarray  # (r,), :func:`u_gradient_scatter`
+    #: NUTS's target acceptance rate (:func:`dpppl_na_dpvi.postprocess.run_nuts`).
+    target_accept: float
 
 
 def sample_likelihood(
@@ -566,12 +568,13 @@ def sample_likelihood(
     )
     return [
         LikelihoodDraws(
-            theta=kept[..., :n],
-            information_diagonal=kept[..., n : n + r],
-            information_correlation=kept[..., n + r :],
-            sample_stats=info,
+            theta=run.kept[..., :n],
+            information_diagonal=run.kept[..., n : n + r],
+            information_correlation=run.kept[..., n + r :],
+            sample_stats=run.info,
             gradient_scatter=np.asarray(one.scatter),
             u_gradient_scatter=np.asarray(one.scatter_u),
+            target_accept=run.target_accept,
         )
-        for (kept, info), one in zip(runs, stats, strict=True)
+        for run, one in zip(runs, stats, strict=True)
     ]

@@ -896,6 +896,7 @@ class NADPVI(Mechanism):
             groups.update(_likelihood_groups(model, post))
             messages += _divergence_warning(
                 post.sample_stats,
+                post.target_accept,
                 "more tune steps; a hierarchy written non-centred, mu + tau * z, is better "
                 "written centred, or read with postprocessing='optimum'",
             )
@@ -925,7 +926,7 @@ class NADPVI(Mechanism):
             if unconverged:
                 messages.append(f"{unconverged}; it was drawn with NUTS instead")
             messages += _divergence_warning(
-                post.sample_stats, "inference='laplace' or more tune steps"
+                post.sample_stats, post.target_accept, "inference='laplace' or more tune steps"
             )
         curvature = None
         if post is not None and o.resolved_covariance(model.n_params) == "linear-response":
@@ -1236,7 +1237,9 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
     )
     groups = {"postprocessing_posterior": posterior}
     if post.sample_stats:
-        groups["postprocessing_sample_stats"] = _sample_stats_dataset(post.sample_stats, coords)
+        groups["postprocessing_sample_stats"] = _sample_stats_dataset(
+            post.sample_stats, coords, post.target_accept
+        )
     return groups
 
 
@@ -1261,21 +1264,27 @@ def _pair_labels(names: list[str]) -> list[str]:
     return [f"{names[i]}, {names[j]}" for i, j in zip(rows, cols, strict=True)]
 
 
-def _sample_stats_dataset(sample_stats: dict[str, np.ndarray], coords: dict) -> xr.Dataset:
-    """The post-processing NUTS run's statistics per (chain, draw)."""
+def _sample_stats_dataset(
+    sample_stats: dict[str, np.ndarray], coords: dict, target_accept: float
+) -> xr.Dataset:
+    """The post-processing NUTS run's statistics per (chain, draw), and the target acceptance
+    rate it ran at (higher where a first run diverged and the fit was drawn again)."""
     return xr.Dataset(
         {k: (("chain", "draw"), v) for k, v in sample_stats.items()},
         coords={"chain": coords["chain"], "draw": coords["draw"]},
+        attrs={"target_accept": target_accept},
     )
 
 
-def _divergence_warning(sample_stats: dict[str, np.ndarray], remedy: str) -> list[str]:
+def _divergence_warning(
+    sample_stats: dict[str, np.ndarray], target_accept: float | None, remedy: str
+) -> list[str]:
     diverging = int(sample_stats.get("diverging", np.zeros(1)).sum())
     if not diverging:
         return []
     return [
-        f"{diverging} divergent transitions in the NUTS run of the post-processing model; its "
-        f"posterior may be biased (try {remedy})"
+        f"{diverging} divergent transitions in the NUTS run of the post-processing model, at "
+        f"target acceptance rate {target_accept}; its posterior may be biased (try {remedy})"
     ]
 
 
@@ -1309,7 +1318,9 @@ def _likelihood_groups(model: RecordModel, post: LikelihoodDraws) -> dict[str, x
     )
     return {
         "postprocessing_posterior": posterior,
-        "postprocessing_sample_stats": _sample_stats_dataset(post.sample_stats, coords),
+        "postprocessing_sample_stats": _sample_stats_dataset(
+            post.sample_stats, coords, post.target_accept
+        ),
     }
 
 

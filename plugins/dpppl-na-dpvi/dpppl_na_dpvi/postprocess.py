@@ -307,6 +307,12 @@ MAX_FULL_CURVATURE = 30
 #: diagonal A has none at 0.8.  The full block is worth it: on that model's TARP study (K = 24)
 #: the joint coverage RMSE was 0.075 with it and 0.182 with the diagonal A (over-confident).
 TARGET_ACCEPT = {False: 0.8, True: 0.95}
+#: NUTS's target acceptance rate for a fit redrawn after its first run diverged
+#: (:func:`run_nuts`).  On the three fits of 300 whose likelihood-model NUTS diverged (1–9
+#: divergent transitions in 500 draws; held-out Gamma regression and varying intercepts over 20
+#: groups, ε = 1, tune 300), three more runs each at 0.95 diverged in 5 of 9, with tune 1000 in
+#: 4 of 9, at 0.99 in 1 of 9 (``tutorials/RESULTS.md``, stop 73).
+REDRAW_TARGET_ACCEPT = 0.99
 
 
 class TraceStatistics(NamedTuple):
@@ -949,6 +955,8 @@ class PostProcessingDraws:
     mu_concentration: np.ndarray | None = None
     #: One number per fit about the fit itself (Laplace: see :func:`laplace_convergence`).
     fit_stats: dict[str, float] = field(default_factory=dict)
+    #: NUTS's target acceptance rate (:func:`run_nuts`); None for a Laplace fit.
+    target_accept: float | None = None
 
 
 def curvature_matrices(
@@ -1197,7 +1205,13 @@ def _adapted_nuts(
 
 
 def _nuts_program(
-    target: SamplerTarget, tune: int, draws: int, chains: int, replicates: bool, in_turn: bool
+    target: SamplerTarget,
+    tune: int,
+    draws: int,
+    chains: int,
+    replicates: bool,
+    in_turn: bool,
+    target_accept: float,
 ):
     def one_chain(key, stats):
         def logdensity(position):
@@ -1209,7 +1223,7 @@ def _nuts_program(
             key,
             tune=tune,
             draws=draws,
-            target_accept=target.target_accept,
+            target_accept=target_accept,
         )
         return target.finish(positions, stats, jax.random.fold_in(key, 1)), stats_out
 
@@ -1228,6 +1242,15 @@ def _nuts_program(
     return jax.jit(lambda keys, stats: over(run, keys, stats))
 
 
+class NutsRun(NamedTuple):
+    """One fit's NUTS run: what ``target.finish`` kept of the draws (chain, draw, ...), the
+    sampler's statistics (chain, draw) and the target acceptance rate it ran at."""
+
+    kept: np.ndarray
+    info: dict[str, np.ndarray]
+    target_accept: float
+
+
 def run_nuts(
     target: SamplerTarget,
     stats: Sequence[Any],
@@ -1239,33 +1262,65 @@ def run_nuts(
     cache,
     cache_key: Hashable,
     replicates: bool = False,
-) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
-    """NUTS (blackjax, window adaptation) on ``target`` for each fit's statistics: the kept
-    draws (chain, draw, ...) and the sampler's statistics of each fit.
+) -> list[NutsRun]:
+    """NUTS (blackjax, window adaptation) on ``target`` for each fit's statistics.
 
     One fit (``replicates=False``) runs on its own compiled sampler; with ``replicates`` the
     fits run as one compiled program, each chain adapting on its own.  Chains and fits run one
     after another where :func:`runs_in_turn`, else vmapped.  ``cache(key, factory)``
     stores the compiled sampler under ``cache_key`` (e.g. ``RecordModel.cached``), which must
     name everything the program depends on but the statistics.
+
+    A fit with a divergent transition is drawn again, alone, at
+    :data:`REDRAW_TARGET_ACCEPT` (smaller steps), and the second run is kept whatever it
+    shows: the post-processing costs no privacy, and keeping only a run that did not diverge
+    would favour chains that stayed out of the region where the first one failed.
     """
     in_turn = runs_in_turn()
     run = cache(
-        (cache_key, in_turn), lambda: _nuts_program(target, tune, draws, chains, replicates, in_turn)
+        (cache_key, in_turn),
+        lambda: _nuts_program(
+            target, tune, draws, chains, replicates, in_turn, target.target_accept
+        ),
     )
-    if not replicates:
+    if replicates:
+        kept, info = run(jnp.stack(keys), stack_statistics(list(stats)))
+        runs = [_nuts_run(kept, info, target.target_accept, r) for r in range(len(stats))]
+    else:
         [one], [key] = stats, keys
-        positions, info = run(key, one)
-        return [(np.asarray(positions), {k: np.asarray(v) for k, v in info.items()})]
-    positions, info = run(jnp.stack(keys), stack_statistics(list(stats)))
+        runs = [_nuts_run(*run(key, one), target.target_accept)]
+
+    def redraw(one: Any, key: jax.Array) -> NutsRun:
+        careful = cache(
+            (cache_key, in_turn, "redraw"),
+            lambda: _nuts_program(
+                target, tune, draws, chains, False, in_turn, REDRAW_TARGET_ACCEPT
+            ),
+        )
+        return _nuts_run(*careful(jax.random.fold_in(key, 1), one), REDRAW_TARGET_ACCEPT)
+
     return [
-        (np.asarray(positions[r]), {k: np.asarray(v[r]) for k, v in info.items()})
-        for r in range(len(stats))
+        redraw(one, key) if done.info["diverging"].any() else done
+        for done, one, key in zip(runs, stats, keys, strict=True)
     ]
 
 
+def _nuts_run(
+    kept: jax.Array, info: dict[str, jax.Array], target_accept: float, replicate: int | None = None
+) -> NutsRun:
+    """A :class:`NutsRun` as NumPy arrays, of one ``replicate`` of a batch where given."""
+    pick = (lambda a: a) if replicate is None else (lambda a: a[replicate])
+    return NutsRun(
+        np.asarray(pick(kept)), {k: np.asarray(pick(v)) for k, v in info.items()}, target_accept
+    )
+
+
 def _to_draws(
-    positions: jax.Array, stats: TraceStatistics, structure: ModelStructure, sample_stats
+    positions: jax.Array,
+    stats: TraceStatistics,
+    structure: ModelStructure,
+    sample_stats,
+    target_accept: float | None = None,
 ) -> PostProcessingDraws:
     d = stats.phi_bar.shape[0]
     n_corr = n_correlations(stats, structure.full_curvature)
@@ -1289,6 +1344,7 @@ def _to_draws(
         mu_correlation=np.asarray(correlation).reshape(*shape, n_corr),
         sample_stats={k: np.asarray(v) for k, v in sample_stats.items()},
         mu_concentration=_concentration(positions, d, n_corr, structure),
+        target_accept=target_accept,
     )
 
 
@@ -1333,8 +1389,8 @@ def sample_nuts(
         replicates=replicates,
     )
     return [
-        _to_draws(positions, one, structure, info)
-        for (positions, info), one in zip(runs, stats, strict=True)
+        _to_draws(run.kept, one, structure, run.info, run.target_accept)
+        for run, one in zip(runs, stats, strict=True)
     ]
 
 

@@ -18,6 +18,7 @@ from dpppl.plugin import get_accountant, get_mechanism, poisson_subsampled_gauss
 from dpppl.testing import example_models, wide_logistic_regression
 from dpppl_na_dpvi import heuristics, postprocess
 from dpppl_na_dpvi.heuristics import default_clipping_bound
+from dpppl_na_dpvi.postprocess import REDRAW_TARGET_ACCEPT, TARGET_ACCEPT
 
 FAST = {"steps": 300, "tune": 100, "draws": 100, "chains": 2, "mc_draws": 2}
 
@@ -457,7 +458,10 @@ def test_the_likelihood_model_draws_every_parameter_and_publishes_the_records_in
     assert post["F_diagonal"].shape == (2, 100, 4) and (post["F_diagonal"] > 0).all()
     assert post["F_correlation"].shape == (2, 100, 6)
     assert (np.abs(post["F_correlation"]) < 1).all()
-    assert set(result["postprocessing_sample_stats"].data_vars) >= {"diverging", "step_size"}
+    sample_stats = result["postprocessing_sample_stats"]
+    assert set(sample_stats.data_vars) >= {"diverging", "step_size"}
+    # Higher where the first run diverged and the fit was drawn again.
+    assert sample_stats.attrs["target_accept"] in (TARGET_ACCEPT[True], REDRAW_TARGET_ACCEPT)
     for name in ("mu_a", "tau", "a", "w"):
         assert np.isfinite(result.posterior[name].values).all()
     assert (result.posterior["tau"] > 0).all()

@@ -3,6 +3,8 @@ with honest uncertainty."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import blackjax
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,7 @@ from dpppl.plugin import softplus_inverse
 from dpppl_na_dpvi import postprocess
 from dpppl_na_dpvi.postprocess import (
     CORRELATION_SLAB_WEIGHT,
+    REDRAW_TARGET_ACCEPT,
     UNINFORMATIVE_DEVIATION,
     ModelStructure,
     TraceStatistics,
@@ -33,6 +36,7 @@ from dpppl_na_dpvi.postprocess import (
     partial_correlations,
     released_correlation_prior,
     released_fisher_correlations,
+    run_nuts,
     sample_laplace,
     sample_nuts,
 )
@@ -224,6 +228,66 @@ def test_nuts_warms_up_and_draws_exactly_as_blackjax_window_adaptation_then_nuts
     np.testing.assert_array_equal(drawn, positions)
     np.testing.assert_array_equal(stats["step_size"], np.full(draws, adapted))
     assert adapted != 1.0  # it adapted from the starting step size
+
+
+@dataclass(frozen=True)
+class Funnel:
+    """Neal's funnel (log scale v ~ N(0, 3²), x | v ~ N(0, e^v)), whose neck makes NUTS diverge,
+    or with ``depth`` 0 a standard normal, where it does not; ``stats`` is only its dimension."""
+
+    depth: float = 3.0
+    target_accept: float = 0.8
+
+    def logdensity(self, position, stats):
+        v, x = position[0], position[1:]
+        if not self.depth:
+            return -0.5 * jnp.sum(position**2)
+        return -0.5 * (v / self.depth) ** 2 - 0.5 * jnp.sum(x**2) * jnp.exp(-v) - 0.5 * x.size * v
+
+    def initial(self, stats):
+        return jnp.zeros_like(stats)
+
+    def finish(self, positions, stats, key):
+        return positions
+
+
+def funnel_runs(target, keys, **options):
+    return run_nuts(
+        target, [jnp.zeros(10)] * len(keys), keys, tune=200, draws=300, chains=1,
+        cache=cache(), cache_key="funnel", **options,
+    )
+
+
+@pytest.mark.parametrize("replicates", [False, True])
+def test_a_fit_whose_nuts_diverged_is_drawn_again_with_smaller_steps(replicates):
+    # The post-processing costs no privacy, so a diverging fit's sampler can simply run again.
+    # Whether that run diverges less is the studies' to measure (REDRAW_TARGET_ACCEPT): in a
+    # funnel as deep as this one some runs diverge at any acceptance rate.
+    keys = [jax.random.key(k) for k in ((1, 3) if replicates else (3,))]
+    first = [
+        postprocess._nuts_program(Funnel(), 200, 300, 1, False, True, 0.8)(k, jnp.zeros(10))[1]
+        for k in keys
+    ]
+    runs = funnel_runs(Funnel(), keys, replicates=replicates)
+    for run, info in zip(runs, first, strict=True):
+        assert info["diverging"].sum() > 0
+        assert run.target_accept == REDRAW_TARGET_ACCEPT
+        assert run.kept.shape == (1, 300, 10)
+        assert run.info["step_size"].mean() < 0.8 * info["step_size"].mean()
+
+
+@pytest.mark.parametrize("replicates", [False, True])
+def test_a_fit_that_did_not_diverge_keeps_its_first_run(replicates):
+    keys = [jax.random.key(k) for k in range(2 if replicates else 1)]
+    runs = funnel_runs(Funnel(depth=0.0), keys, replicates=replicates)
+    for run, key in zip(runs, keys, strict=True):
+        drawn, info = postprocess._nuts_program(Funnel(0.0), 200, 300, 1, False, True, 0.8)(
+            key, jnp.zeros(10)
+        )
+        assert not info["diverging"].any()
+        assert run.target_accept == 0.8
+        assert run.kept.shape == (1, 300, 10) and run.info["diverging"].shape == (1, 300)
+        np.testing.assert_allclose(run.kept, drawn, rtol=1e-12)
 
 
 def test_a_converged_laplace_fit_says_so():
