@@ -308,10 +308,10 @@ MAX_FULL_CURVATURE = 30
 #: the joint coverage RMSE was 0.075 with it and 0.182 with the diagonal A (over-confident).
 TARGET_ACCEPT = {False: 0.8, True: 0.95}
 #: NUTS's target acceptance rate for a fit redrawn after its first run diverged
-#: (:func:`run_nuts`).  On the three fits of 300 whose likelihood-model NUTS diverged (1–9
+#: (:func:`run_nuts`).  On the three fits of 200 whose likelihood-model NUTS diverged (1–9
 #: divergent transitions in 500 draws; held-out Gamma regression and varying intercepts over 20
-#: groups, ε = 1, tune 300), three more runs each at 0.95 diverged in 5 of 9, with tune 1000 in
-#: 4 of 9, at 0.99 in 1 of 9 (``tutorials/RESULTS.md``, stop 73).
+#: groups, ε = 1, tune 300), three more runs each at 0.95 diverged in 4 of 9, with tune 1000 in
+#: 3 of 9, at 0.99 in 1 of 9 (``tutorials/RESULTS.md``, stop 73).
 REDRAW_TARGET_ACCEPT = 0.99
 
 
