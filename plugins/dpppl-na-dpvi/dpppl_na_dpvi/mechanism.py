@@ -179,7 +179,10 @@ class NADPVI(Mechanism):
         Laplace fit was from a mode (``laplace_newton_decrement``, ``laplace_min_curvature``).
     tune, draws, chains
         NUTS warm-up and kept draws per chain (paper: 1000 and 4000); the posterior has
-        chains × draws θ draws, one from q(θ; φ*) per draw of φ*.
+        chains × draws θ draws, one from q(θ; φ*) per draw of φ*.  A fit whose NUTS run has a
+        divergent transition is drawn once more with smaller steps (target acceptance 0.99,
+        which the group ``postprocessing_sample_stats`` records as its attribute
+        ``target_accept``), at no privacy cost; a warning remains if that run diverges too.
     subsampling_noise
         Model the subsampling noise Σ_sub too (paper: off, the DP noise dominates).
     curvature_prior
