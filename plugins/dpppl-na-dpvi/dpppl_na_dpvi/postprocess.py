@@ -1284,11 +1284,14 @@ def run_nuts(
         ),
     )
     if replicates:
-        kept, info = run(jnp.stack(keys), stack_statistics(list(stats)))
-        runs = [_nuts_run(kept, info, target.target_accept, r) for r in range(len(stats))]
+        kept, info = jax.device_get(run(jnp.stack(keys), stack_statistics(list(stats))))
+        runs = [
+            NutsRun(kept[r], {k: v[r] for k, v in info.items()}, target.target_accept)
+            for r in range(len(stats))
+        ]
     else:
         [one], [key] = stats, keys
-        runs = [_nuts_run(*run(key, one), target.target_accept)]
+        runs = [NutsRun(*jax.device_get(run(key, one)), target.target_accept)]
 
     def redraw(one: Any, key: jax.Array) -> NutsRun:
         careful = cache(
@@ -1297,22 +1300,13 @@ def run_nuts(
                 target, tune, draws, chains, False, in_turn, REDRAW_TARGET_ACCEPT
             ),
         )
-        return _nuts_run(*careful(jax.random.fold_in(key, 1), one), REDRAW_TARGET_ACCEPT)
+        drawn = jax.device_get(careful(jax.random.fold_in(key, 1), one))
+        return NutsRun(*drawn, REDRAW_TARGET_ACCEPT)
 
     return [
         redraw(one, key) if done.info["diverging"].any() else done
         for done, one, key in zip(runs, stats, keys, strict=True)
     ]
-
-
-def _nuts_run(
-    kept: jax.Array, info: dict[str, jax.Array], target_accept: float, replicate: int | None = None
-) -> NutsRun:
-    """A :class:`NutsRun` as NumPy arrays, of one ``replicate`` of a batch where given."""
-    pick = (lambda a: a) if replicate is None else (lambda a: a[replicate])
-    return NutsRun(
-        np.asarray(pick(kept)), {k: np.asarray(pick(v)) for k, v in info.items()}, target_accept
-    )
 
 
 def _to_draws(
