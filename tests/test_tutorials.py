@@ -178,3 +178,10 @@ def test_held_out_models_trace_against_exact_nuts():
     # trace whose coordinates are not the model's value variables in order.
     assert list(row["displacement"]) == ["0", "250"]
     assert row["displacement"]["0"]["rms"] > 0
+
+
+def test_model_classes():
+    out = run_tutorial("model_classes.py", "poisson", "--smoke")
+    row = json.loads(out.strip().splitlines()[-1])
+    assert row["model"] == "poisson" and row["K"] == 2
+    assert set(row["marginal_rmse"]) == {"b0", "w[0]", "w[1]", "w[2]"}

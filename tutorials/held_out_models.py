@@ -298,6 +298,14 @@ def tarp_study(name: str, args: argparse.Namespace, options: dict) -> dict:
         progressbar=not args.smoke,
         **{**(SMOKE_OPTIONS if args.smoke else STUDY_OPTIONS), **options},
     )
+    return study_row(name, study, args, options, start)
+
+
+def study_row(
+    name: str, study, args: argparse.Namespace, options: dict, start: float
+) -> dict:
+    """A TARP study's summary row: joint and marginal RMSE, the fits' warnings and the wall time
+    since ``start``; the study itself is saved as netcdf under ``args.out`` when given."""
     marginal = study["marginal_rmse"].mean("repeat")
     fit_warnings = [str(w) for w in study["fit_warnings"].values]
     row = {

@@ -22,6 +22,9 @@ Modules
 models
     The example models (:func:`example_models`) and the suite's default model
     (:func:`gamma_exponential_data`).
+calibration_models
+    One model of each class users fit, with its simulated data sets' covariates
+    (:func:`model_classes`), for calibration studies.
 checks
     :class:`Check`, :class:`ConformanceError` and :class:`ConformanceReport`, shared by both
     suites.
@@ -47,6 +50,7 @@ from dpppl.testing.accountant_suite import (
     check_accountant,
     exact_gaussian_epsilon,
 )
+from dpppl.testing.calibration_models import ModelClass, model_classes
 from dpppl.testing.checks import Check, ConformanceError, ConformanceReport
 from dpppl.testing.leaks import find_in_bytes, find_leaks
 from dpppl.testing.loss_distribution import subsampled_gaussian_epsilon_bounds
@@ -79,6 +83,7 @@ __all__ = [
     "Check",
     "ConformanceError",
     "ConformanceReport",
+    "ModelClass",
     "accountant_checks",
     "beta_bernoulli",
     "check_accountant",
@@ -95,6 +100,7 @@ __all__ = [
     "linear_regression",
     "logistic_regression",
     "mechanism_checks",
+    "model_classes",
     "subsampled_gaussian_epsilon_bounds",
     "two_observed",
     "wide_logistic_regression",

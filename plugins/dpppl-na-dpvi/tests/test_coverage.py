@@ -9,6 +9,7 @@ import pymc as pm
 import pytest
 
 import dpppl
+from dpppl.testing import model_classes
 
 EPSILON, DELTA = 0.1, 1e-5
 
@@ -79,86 +80,18 @@ def test_paper_size_noise_aware_coverage_error_is_within_the_papers_range():
 # posterior that is clearly too wide or too narrow, not a small miscalibration: the paper-size
 # studies (-m slow) do that.
 
-N_RECORDS = 1000
-CORRELATION = np.array([[1.0, 0.6, 0.3], [0.6, 1.0, 0.5], [0.3, 0.5, 1.0]])
 #: Joint TARP RMSE at K = 40 two standard deviations above a calibrated posterior's.
 FAST_BOUND = 0.106
 FAST_CLASS_STUDY = {"steps": 3000, "tune": 300, "draws": 500, "chains": 1}
-
-
-def correlated_covariates(rng: np.random.Generator, n_records: int = N_RECORDS) -> dict:
-    return {"X": rng.multivariate_normal(np.zeros(3), CORRELATION, n_records)}
-
-
-def grouped_covariates(rng: np.random.Generator, n_records: int = N_RECORDS) -> dict:
-    return {"x": rng.standard_normal(n_records), "group_index": rng.integers(0, 5, n_records)}
-
-
-def glm(likelihood: str, n_records: int = N_RECORDS) -> pm.Model:
-    X = correlated_covariates(np.random.default_rng(0), n_records)["X"]
-    with pm.Model(coords={"feature": range(3)}) as model:
-        x = pm.Data("X", X)
-        b0 = pm.Normal("b0", 0.0, 1.0)
-        w = pm.Normal("w", 0.0, 0.5, dims="feature")
-        eta = b0 + x @ w
-        # The observations are placeholders: TARP simulates every data set from the model.
-        if likelihood == "logistic":
-            pm.Bernoulli("y", logit_p=eta, observed=np.zeros(n_records, dtype=int))
-        else:
-            pm.Poisson("y", mu=pm.math.exp(eta), observed=np.zeros(n_records, dtype=int))
-    return model
-
-
-def unknown_scale_regression(n_records: int = N_RECORDS) -> pm.Model:
-    X = correlated_covariates(np.random.default_rng(0), n_records)["X"]
-    with pm.Model(coords={"feature": range(3)}) as model:
-        x = pm.Data("X", X)
-        b0 = pm.Normal("b0", 0.0, 1.0)
-        w = pm.Normal("w", 0.0, 1.0, dims="feature")
-        s = pm.HalfNormal("s", 1.0)
-        pm.Normal("y", b0 + x @ w, s, observed=np.zeros(n_records))
-    return model
-
-
-def varying_intercepts(n_records: int = N_RECORDS, *, centred: bool = False) -> pm.Model:
-    """Intercepts of public groups drawn around a common mean.  Non-centred (mu_a + tau * z) as
-    often written, or centred (a ~ N(mu_a, tau)), as groups of many records call for: the data
-    then fix each group's intercept without the funnel of (mu_a, tau, z)."""
-    data = grouped_covariates(np.random.default_rng(0), n_records)
-    with pm.Model(coords={"group": range(5)}) as model:
-        x = pm.Data("x", data["x"])
-        group = pm.Data("group_index", data["group_index"])
-        mu_a = pm.Normal("mu_a", 0.0, 1.0)
-        tau = pm.HalfNormal("tau", 1.0)
-        if centred:
-            intercept = pm.Normal("a", mu_a, tau, dims="group")
-        else:
-            intercept = mu_a + tau * pm.Normal("z", 0.0, 1.0, dims="group")
-        w = pm.Normal("w", 0.0, 1.0)
-        s = pm.HalfNormal("s", 1.0)
-        pm.Normal("y", intercept[group] + w * x, s, observed=np.zeros(n_records))
-    return model
-
-
-CLASSES = {
-    "logistic regression, correlated covariates": (
-        lambda: glm("logistic"), correlated_covariates
-    ),
-    "Poisson regression, correlated covariates": (lambda: glm("poisson"), correlated_covariates),
-    "regression with an unknown noise scale": (unknown_scale_regression, correlated_covariates),
-    "varying intercepts over public groups": (varying_intercepts, grouped_covariates),
-    "varying intercepts over public groups, centred": (
-        lambda: varying_intercepts(centred=True), grouped_covariates
-    ),
-}
-
+#: The classes this file checks; the demo's model has its test beside the demo.
+CLASSES = [name for name in model_classes() if name != "demo"]
 
 #: Marginal TARP RMSE at K = 40 three standard deviations above a calibrated posterior's: a
 #: looser bound than the joint one, because each class has four to nine marginals.
 FAST_MARGINAL_BOUND = 0.13
 #: Classes known to miss a bound, and why (tutorials/RESULTS.md, stops 43, 44, 47 and 50).
 KNOWN_FAILURES = {
-    "varying intercepts over public groups": (
+    "varying_intercepts": (
         "written non-centred (mu_a + tau * z) the group mean, scale and offsets are "
         "over-confident under either post-processing.  The records read mu_a, tau and z only "
         "through the intercepts mu_a + tau * z (RecordModel.record_parameter_rank, 7 of 9), so "
@@ -178,10 +111,10 @@ def test_the_noise_aware_posterior_is_calibrated_on_each_model_class(model_class
         # Not run: the class study at 10,000 steps measures the failure plainly (K = 200:
         # 0.071, tutorials/RESULTS.md, stop 49); the suite does not repeat it at CI size.
         pytest.xfail(KNOWN_FAILURES[model_class])
-    build, covariates = CLASSES[model_class]
+    chosen = model_classes()[model_class]
     study = tarp_study(
-        build(), "noise-aware", 40, epsilon=1.0, covariates=covariates, random_seed=20261125,
-        **FAST_CLASS_STUDY,
+        chosen.build(), "noise-aware", 40, epsilon=1.0, covariates=chosen.covariates,
+        random_seed=20261125, **FAST_CLASS_STUDY,
     )
     joint = float(study["rmse"].mean())
     marginals = study["marginal_rmse"].mean("repeat")
