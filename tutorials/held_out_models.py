@@ -285,27 +285,34 @@ MODELS = {
 def tarp_study(name: str, args: argparse.Namespace, options: dict) -> dict:
     """One TARP study of model ``name``: its summary row (and the study saved under --out)."""
     held_out = MODELS[name]
+    return run_study(
+        name,
+        held_out.placeholder(np.random.default_rng(0)),
+        lambda rng: {"X": held_out.covariates(rng)},
+        args,
+        options,
+    )
+
+
+def run_study(
+    name: str, model: pm.Model, covariates, args: argparse.Namespace, options: dict
+) -> dict:
+    """A TARP study of ``model`` at NA-DPVI's study settings and its summary row: joint and
+    marginal RMSE, the fits' warnings and the wall time; the study itself is saved as netcdf
+    under ``args.out`` when given."""
     start = time.perf_counter()
     study = dpppl.tarp(
-        held_out.placeholder(np.random.default_rng(0)),
+        model,
         mechanism="na-dpvi",
         epsilon=args.epsilon,
         delta=DELTA,
         n_simulations=2 if args.smoke else args.simulations,
-        covariates=lambda rng: {"X": held_out.covariates(rng)},
+        covariates=covariates,
         n_workers=args.workers,
         random_seed=args.seed,
         progressbar=not args.smoke,
         **{**(SMOKE_OPTIONS if args.smoke else STUDY_OPTIONS), **options},
     )
-    return study_row(name, study, args, options, start)
-
-
-def study_row(
-    name: str, study, args: argparse.Namespace, options: dict, start: float
-) -> dict:
-    """A TARP study's summary row: joint and marginal RMSE, the fits' warnings and the wall time
-    since ``start``; the study itself is saved as netcdf under ``args.out`` when given."""
     marginal = study["marginal_rmse"].mean("repeat")
     fit_warnings = [str(w) for w in study["fit_warnings"].values]
     row = {

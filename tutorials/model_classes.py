@@ -19,33 +19,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
-from held_out_models import DELTA, SMOKE_OPTIONS, STUDY_OPTIONS, study_row
+from held_out_models import run_study
 from linear_regression import parse_option
 
-import dpppl
 from dpppl.testing import model_classes
 
 
 def class_study(name: str, args: argparse.Namespace, options: dict) -> dict:
     """One TARP study of class ``name``: its summary row (and the study saved under --out)."""
     chosen = model_classes()[name]
-    start = time.perf_counter()
-    study = dpppl.tarp(
-        chosen.build(),
-        mechanism="na-dpvi",
-        epsilon=args.epsilon,
-        delta=DELTA,
-        n_simulations=2 if args.smoke else args.simulations,
-        covariates=chosen.covariates,
-        n_workers=args.workers,
-        random_seed=args.seed,
-        progressbar=not args.smoke,
-        **{**(SMOKE_OPTIONS if args.smoke else STUDY_OPTIONS), **options},
-    )
-    return study_row(name, study, args, options, start)
+    return run_study(name, chosen.build(), chosen.covariates, args, options)
 
 
 def main() -> None:

@@ -21,6 +21,9 @@ from functools import cache
 import numpy as np
 import pymc as pm
 
+from dpppl.app.demo import demo_features, demo_model
+from dpppl.datasets import load_adult_sample
+
 #: Records per simulated data set in the generated classes (the demo has the Adult sample's).
 N_RECORDS = 1000
 #: The correlation of the GLMs' three covariates.
@@ -116,21 +119,12 @@ def varying_intercepts(n_records: int = N_RECORDS, *, centred: bool = False) -> 
 
 @cache
 def _demo_features() -> np.ndarray:
-    from dpppl.app.demo import demo_features
-    from dpppl.datasets import load_adult_sample
-
     return demo_features(load_adult_sample())[0].to_numpy()
 
 
 def demo_covariates(rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The demo's features of the bundled (public) Adult sample, the same for every data set."""
     return {"X": _demo_features()}
-
-
-def _demo_model() -> pm.Model:
-    from dpppl.app.demo import demo_model
-
-    return demo_model()
 
 
 MODEL_CLASSES = {
@@ -154,7 +148,7 @@ MODEL_CLASSES = {
         "varying intercepts over public groups, centred",
     ),
     "demo": ModelClass(
-        _demo_model, demo_covariates,
+        demo_model, demo_covariates,
         "the demo's logistic regression on the bundled Adult sample's features",
     ),
 }

@@ -11,12 +11,10 @@ import xarray as xr
 import dpppl
 from dpppl.app.demo import (
     coverage_of,
-    demo_features,
-    demo_model,
     naive_posterior,
     non_private_posterior,
 )
-from dpppl.datasets import load_adult_sample
+from dpppl.testing import model_classes
 from dpppl.testing.models import gamma_exponential
 
 #: A quick noise-aware NA-DPVI fit (Laplace's post-processing compiles faster than NUTS).
@@ -82,14 +80,14 @@ def test_na_dpvi_is_calibrated_on_the_demos_model():
     # test_coverage.py (K = 40, 3000 steps, ε = 1): a calibrated posterior's
     # joint RMSE is 0.058 ± 0.024 there, and 0.106 is two standard deviations above.  The
     # bundled Adult sample is public, so its features serve as the study's covariates.
-    features, _ = demo_features(load_adult_sample())
+    demo = model_classes()["demo"]
     study = dpppl.tarp(
-        demo_model(),
+        demo.build(),
         mechanism="na-dpvi",
         epsilon=1.0,
         delta=1e-5,
         n_simulations=40,
-        covariates={"X": features.to_numpy()},
+        covariates=demo.covariates,
         n_workers=1,
         random_seed=20261125,
         progressbar=False,
