@@ -59,7 +59,7 @@ the scale holds them).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import jax
@@ -75,6 +75,8 @@ from dpppl_na_dpvi.postprocess import (
     correlation_scales,
     correlation_slab_weights,
     fitted_prior_curvature,
+    laplace_draws,
+    laplace_fit,
     lkj_concentration_centre,
     released_fisher_correlations,
     run_nuts,
@@ -527,7 +529,7 @@ class LikelihoodTarget:
 @dataclass(frozen=True)
 class LikelihoodDraws:
     """Draws of θ from the likelihood model, of the records' information F beside them, and the
-    sampler's statistics."""
+    sampler's statistics (NUTS's) or the fit's (Laplace's)."""
 
     theta: np.ndarray  # (chain, draw, n)
     information_diagonal: np.ndarray  # (chain, draw, r)
@@ -535,8 +537,11 @@ class LikelihoodDraws:
     sample_stats: dict[str, np.ndarray]
     gradient_scatter: np.ndarray  # (r,), :func:`gradient_scatter`
     u_gradient_scatter: np.ndarray  # (r,), :func:`u_gradient_scatter`
-    #: NUTS's target acceptance rate (:func:`dpppl_na_dpvi.postprocess.run_nuts`).
-    target_accept: float
+    #: NUTS's target acceptance rate (:func:`dpppl_na_dpvi.postprocess.run_nuts`); None for
+    #: Laplace's draws.
+    target_accept: float | None
+    #: Laplace's fit (:func:`dpppl_na_dpvi.postprocess.laplace_convergence`); empty for NUTS's.
+    fit_stats: dict[str, float] = field(default_factory=dict)
 
 
 def sample_likelihood(
@@ -554,7 +559,6 @@ def sample_likelihood(
     """NUTS on the likelihood model of each fit.  ``cache`` is the model's (one compiled sampler
     per model structure and sizes: ``logprior`` is the model's, the same function for every
     model of that structure)."""
-    n, r = structure.n, structure.n_records
     runs = run_nuts(
         LikelihoodTarget(structure, logprior),
         stats,
@@ -567,14 +571,57 @@ def sample_likelihood(
         replicates=replicates,
     )
     return [
-        LikelihoodDraws(
-            theta=run.kept[..., :n],
-            information_diagonal=run.kept[..., n : n + r],
-            information_correlation=run.kept[..., n + r :],
-            sample_stats=run.info,
-            gradient_scatter=np.asarray(one.scatter),
-            u_gradient_scatter=np.asarray(one.scatter_u),
-            target_accept=run.target_accept,
-        )
+        _draws(run.kept, one, structure, run.info, run.target_accept)
         for run, one in zip(runs, stats, strict=True)
     ]
+
+
+def sample_likelihood_laplace(
+    stats: list[LikelihoodStatistics],
+    keys: list[jax.Array],
+    *,
+    draws: int,
+    chains: int,
+    structure: LikelihoodStructure,
+    logprior: Callable[[jax.Array], jax.Array],
+    cache,
+    replicates: bool = False,
+) -> list[LikelihoodDraws]:
+    """Laplace's approximation of the likelihood model of each fit: a Gaussian at the mode of
+    NUTS's target (:class:`LikelihoodTarget`, whose position is the model's parameters
+    unconstrained and whitened), mapped to θ and F draw by draw.  Each result's ``fit_stats`` say
+    whether the fit reached a mode (:func:`dpppl_na_dpvi.postprocess.laplace_convergence`)."""
+    target = LikelihoodTarget(structure, logprior)
+    fit = cache(
+        ("na-dpvi", "likelihood-laplace", structure, replicates),
+        lambda: laplace_fit(target.logdensity, target.initial, replicates),
+    )
+    drawn = laplace_draws(fit, stats, keys, draws=draws, chains=chains, replicates=replicates)
+    results = []
+    for (positions, fit_stats), one, key in zip(drawn, stats, keys, strict=True):
+        flat = positions.reshape(chains * draws, -1)
+        kept = np.asarray(target.finish(flat, one, key)).reshape(chains, draws, -1)
+        results.append(_draws(kept, one, structure, {}, None, fit_stats))
+    return results
+
+
+def _draws(
+    kept: np.ndarray,
+    stats: LikelihoodStatistics,
+    structure: LikelihoodStructure,
+    sample_stats: dict[str, np.ndarray],
+    target_accept: float | None,
+    fit_stats: dict[str, float] | None = None,
+) -> LikelihoodDraws:
+    """θ, F's diagonal and F's correlations from :meth:`LikelihoodTarget.finish`'s draws."""
+    n, r = structure.n, structure.n_records
+    return LikelihoodDraws(
+        theta=kept[..., :n],
+        information_diagonal=kept[..., n : n + r],
+        information_correlation=kept[..., n + r :],
+        sample_stats=sample_stats,
+        gradient_scatter=np.asarray(stats.scatter),
+        u_gradient_scatter=np.asarray(stats.scatter_u),
+        target_accept=target_accept,
+        fit_stats=fit_stats or {},
+    )

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import jax
 import numpy as np
@@ -55,6 +55,7 @@ from dpppl_na_dpvi.likelihood import (
     LikelihoodStatistics,
     LikelihoodStructure,
     sample_likelihood,
+    sample_likelihood_laplace,
     scatter_warning,
 )
 from dpppl_na_dpvi.postprocess import (
@@ -313,21 +314,21 @@ class NADPVI(Mechanism):
         N(μ*, A_μ⁻¹) (``covariance``).  ``"likelihood"``: the release read as a noisy
         observation of the records' log-likelihood, −½(θ − θ̂)ᵀF(θ − θ̂) in the parameters the
         records read, with the part of each gradient that reads no record (public) taken off,
-        and θ drawn by NUTS under the model's own prior (:mod:`dpppl_na_dpvi.likelihood`): a
-        hierarchy's group mean and scale, which no record reads, by their prior given the group
-        effects, and nothing wider than the prior where the privacy noise leaves θ unlocated.
-        ``"auto"`` (default): ``"likelihood"`` where the curvature is released
-        (``correlation_prior``), ``inference="nuts"`` and the records read each parameter they
-        read apart (:attr:`dpppl.RecordModel.record_parameter_rank`), ``"optimum"`` elsewhere;
-        the choice is published as ``postprocessing``.  A non-centred hierarchy fails the last
+        and θ drawn under the model's own prior (:mod:`dpppl_na_dpvi.likelihood`; by NUTS, or
+        by Laplace's approximation with ``inference="laplace"``): a hierarchy's group mean and
+        scale, which no record reads, by their prior given the group effects, and nothing wider
+        than the prior where the privacy noise leaves θ unlocated.  ``"auto"`` (default):
+        ``"likelihood"`` where the curvature is released (``correlation_prior``) and the records
+        read each parameter they read apart (:attr:`dpppl.RecordModel.record_parameter_rank`),
+        ``"optimum"`` elsewhere; the choice is published as ``postprocessing``.  A non-centred hierarchy fails the last
         test: its records read ``mu_a + tau * z``, along whose level sets the likelihood's
         curvature is not constant, and the likelihood model, which takes it to be, is several
         times further from calibrated there than the optimum model (``tutorials/RESULTS.md``,
         stop 52), which reads it from mean-field q, over-confident there too: such a fit warns
         and says to write the hierarchy centred.  The likelihood model reads no option of the
         optimum model (``optimum``, ``optimum_prior``, ``covariance``, ``curvature_prior``,
-        ``anchored``, ``subsampling_noise``) and needs NUTS.  Measured in
-        ``tutorials/RESULTS.md`` (stop 51).
+        ``anchored``, ``subsampling_noise``).  Measured in ``tutorials/RESULTS.md`` (stop 51;
+        with ``inference="laplace"``, stop 75).
     """
 
     name = "na-dpvi"
@@ -387,8 +388,8 @@ class NADPVI(Mechanism):
             named = self._optimum_only_options()
             if self.postprocessing == "likelihood" and named:
                 raise InvalidOptionError(
-                    f"na-dpvi's postprocessing='likelihood' draws θ under the model's prior with "
-                    f"NUTS and has no use for the option(s) {', '.join(named)} as given; leave "
+                    f"na-dpvi's postprocessing='likelihood' draws θ under the model's prior "
+                    f"and has no use for the option(s) {', '.join(named)} as given; leave "
                     f"them at their defaults or use postprocessing='optimum'"
                 )
             if self.covariance == "linear-response" and self.posterior == "naive":
@@ -402,7 +403,6 @@ class NADPVI(Mechanism):
             """The options given away from their defaults that only the optimum model reads."""
             unused = {
                 "posterior": self.posterior != "noise-aware",
-                "inference": self.inference != "nuts",
                 "anchored": self.anchored > 0,
                 "subsampling_noise": self.subsampling_noise,
                 "optimum": self.optimum != "integrated",
@@ -413,11 +413,20 @@ class NADPVI(Mechanism):
             }
             return [name for name, set_ in unused.items() if set_]
 
+        def resolved_lkj_eta(self, dimension: int) -> float | None:
+            """η of the LKJ prior on a ``dimension``-square curvature's correlation:
+            ``lkj_eta``, or where it is learned (None) and Laplace runs, the centre of its
+            hyperprior: a Gaussian at the joint mode of η and the correlations would sit at the
+            neck of their funnel."""
+            if self.lkj_eta is not None or self.inference == "nuts":
+                return self.lkj_eta
+            return lkj_concentration_centre(dimension)
+
         def resolved_postprocessing(
             self, n_params: int, reads_records: bool = True, reads_apart: bool = True
         ) -> str:
             """How the release is read: with ``"auto"`` by the likelihood model where the
-            curvature is released, NUTS runs and no option of the optimum model is set, and by
+            curvature is released and no option of the optimum model is set, and by
             the optimum model elsewhere, or where no parameter is ``reads_records``, or where
             the records do not read their parameters apart (``reads_apart``, a record rank
             below their number)."""
@@ -560,7 +569,7 @@ class NADPVI(Mechanism):
             "intercepts written non-centred: the group mean's, scale's and offsets' 90 % "
             "intervals held the truth 69-76 % of the time, also without privacy noise); "
             "write the hierarchy centred, a ~ Normal(mu_a, tau), which the default "
-            "postprocessing='auto' with inference='nuts' reads with the likelihood model"
+            "postprocessing='auto' reads with the likelihood model"
         )
 
     def privacy_event(self, *, n_records: int, noise_multiplier: float) -> PrivacyEvent:
@@ -897,6 +906,7 @@ class NADPVI(Mechanism):
             scattering = scatter_warning(post.gradient_scatter, mu_labels)
             messages = [] if scattering is None else [scattering]
             groups.update(_likelihood_groups(model, post))
+            messages += _laplace_warning(post.fit_stats)
             messages += _divergence_warning(
                 post.sample_stats,
                 post.target_accept,
@@ -925,9 +935,7 @@ class NADPVI(Mechanism):
         else:
             phi_star = post.phi_star
             groups.update(_postprocessing_groups(model, post))
-            unconverged = laplace_convergence(post.fit_stats) if post.fit_stats else None
-            if unconverged:
-                messages.append(f"{unconverged}; it was drawn with NUTS instead")
+            messages += _laplace_warning(post.fit_stats)
             messages += _divergence_warning(
                 post.sample_stats, post.target_accept, "inference='laplace' or more tune steps"
             )
@@ -975,9 +983,7 @@ class NADPVI(Mechanism):
             subsampling=o.subsampling_noise,
             integrated_optimum=o.optimum == "integrated",
             optimum_prior=o.resolved_optimum_prior(model.n_params),
-            lkj_eta=o.lkj_eta if o.lkj_eta is not None or o.inference == "nuts" else (
-                lkj_concentration_centre(model.n_params)
-            ),
+            lkj_eta=o.resolved_lkj_eta(model.n_params),
             correlation_prior=correlation_prior,
         )
         options = dict(
@@ -988,8 +994,14 @@ class NADPVI(Mechanism):
             if o.inference == "nuts":
                 posts = sample_nuts(stats, keys, tune=o.tune, **options)
             else:
-                posts = sample_laplace(stats, keys, **options)
-                posts = self._redraw_unconverged(posts, stats, keys, options)
+                posts = self._redraw_unconverged(
+                    sample_laplace(stats, keys, **options),
+                    stats,
+                    keys,
+                    lambda one, key: sample_nuts(
+                        [one], [key], tune=o.tune, **{**options, "replicates": False}
+                    )[0],
+                )
             bar.advance(1)
         return posts
 
@@ -1035,33 +1047,42 @@ class NADPVI(Mechanism):
             records=tuple(bool(b) for b in records),
             full=o.full_curvature(n),
             released=released,
-            lkj_eta=o.lkj_eta,
+            lkj_eta=o.resolved_lkj_eta(int(records.sum())),
         )
-        with progress.task("noise-aware posterior (likelihood, nuts)", total=1) as bar:
-            posts = sample_likelihood(
-                stats, keys, tune=o.tune, draws=o.draws, chains=o.chains, structure=structure,
-                logprior=model.logprior, cache=model.cached, replicates=replicates,
-            )
+        options = dict(
+            draws=o.draws, chains=o.chains, structure=structure, logprior=model.logprior,
+            cache=model.cached,
+        )
+        with progress.task(f"noise-aware posterior (likelihood, {o.inference})", total=1) as bar:
+            if o.inference == "nuts":
+                posts = sample_likelihood(
+                    stats, keys, tune=o.tune, replicates=replicates, **options
+                )
+            else:
+                posts = self._redraw_unconverged(
+                    sample_likelihood_laplace(stats, keys, replicates=replicates, **options),
+                    stats,
+                    keys,
+                    lambda one, key: sample_likelihood([one], [key], tune=o.tune, **options)[0],
+                )
             bar.advance(1)
         return posts
 
+    @staticmethod
     def _redraw_unconverged(
-        self,
-        posts: list[PostProcessingDraws],
-        stats: list[TraceStatistics],
+        posts: list[PostProcessingDraws] | list[LikelihoodDraws],
+        stats: list[TraceStatistics] | list[LikelihoodStatistics],
         keys: list[jax.Array],
-        options: dict,
-    ) -> list[PostProcessingDraws]:
+        nuts: Callable[[Any, jax.Array], PostProcessingDraws | LikelihoodDraws],
+    ) -> list[PostProcessingDraws] | list[LikelihoodDraws]:
         """NUTS draws for the fits whose Laplace fit did not reach a mode, keeping the Laplace
         fit's statistics: a Gaussian at a point that is no mode is off-centre or of the wrong
         width, or not finite at all where the density is not concave (one fit in 100 of the
         10-D regression at ε = 0.3 drew 79 % non-finite values).  Post-processing costs no
         privacy, so the release is kept and only its posterior is redrawn."""
-        options = {**options, "replicates": False}
         for i, (post, one, key) in enumerate(zip(posts, stats, keys, strict=True)):
             if laplace_convergence(post.fit_stats) is not None:
-                [redrawn] = sample_nuts([one], [key], tune=self.options.tune, **options)
-                posts[i] = dataclasses.replace(redrawn, fit_stats=post.fit_stats)
+                posts[i] = dataclasses.replace(nuts(one, key), fit_stats=post.fit_stats)
         return posts
 
     def _statistics(
@@ -1232,10 +1253,7 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
             "correlation of the records' share of it, learned); "
             "dpppl_na_dpvi.postprocess.curvature_matrices(A_diagonal, "
             "A_mu_correlation) rebuilds the matrices",
-            # NUTS also where a Laplace fit was asked for and did not reach a mode.
-            "inference": "nuts" if post.sample_stats else "laplace",
-            # Laplace: half the Newton decrement and the smallest curvature at the mode.
-            **{f"laplace_{k}": v for k, v in post.fit_stats.items()},
+            **_inference_attrs(post.sample_stats, post.fit_stats),
         },
     )
     groups = {"postprocessing_posterior": posterior}
@@ -1279,6 +1297,13 @@ def _sample_stats_dataset(
     )
 
 
+def _laplace_warning(fit_stats: dict[str, float]) -> list[str]:
+    """What a user is told where a Laplace fit (``fit_stats``; empty: NUTS ran) did not reach a
+    mode and its posterior was drawn with NUTS."""
+    unconverged = laplace_convergence(fit_stats) if fit_stats else None
+    return [f"{unconverged}; it was drawn with NUTS instead"] if unconverged else []
+
+
 def _divergence_warning(
     sample_stats: dict[str, np.ndarray], target_accept: float | None, remedy: str
 ) -> list[str]:
@@ -1294,6 +1319,18 @@ def _divergence_warning(
 def _record_labels(model: RecordModel) -> list[str]:
     """The labels of the parameters the records read (:attr:`RecordModel.record_parameters`)."""
     return [n for n, read in zip(model.parameters.labels(), model.record_parameters) if read]
+
+
+def _inference_attrs(
+    sample_stats: dict[str, np.ndarray], fit_stats: dict[str, float]
+) -> dict[str, str | float]:
+    """Which inference drew a post-processing posterior (NUTS also where a Laplace fit was asked
+    for and did not reach a mode), and a Laplace fit's half Newton decrement and smallest
+    curvature at its mode."""
+    return {
+        "inference": "nuts" if sample_stats else "laplace",
+        **{f"laplace_{k}": v for k, v in fit_stats.items()},
+    }
 
 
 def _likelihood_groups(model: RecordModel, post: LikelihoodDraws) -> dict[str, xr.Dataset]:
@@ -1316,15 +1353,15 @@ def _likelihood_groups(model: RecordModel, post: LikelihoodDraws) -> dict[str, x
             "description": "posterior of the likelihood model (dpppl_na_dpvi.likelihood): the "
             "information F of the records' log-likelihood about the parameters they read, by "
             "its diagonal and its correlations, drawn jointly with the parameters",
-            "inference": "nuts",
+            **_inference_attrs(post.sample_stats, post.fit_stats),
         },
     )
-    return {
-        "postprocessing_posterior": posterior,
-        "postprocessing_sample_stats": _sample_stats_dataset(
+    groups = {"postprocessing_posterior": posterior}
+    if post.sample_stats:
+        groups["postprocessing_sample_stats"] = _sample_stats_dataset(
             post.sample_stats, coords, post.target_accept
-        ),
-    }
+        )
+    return groups
 
 
 def _mixture_draws(

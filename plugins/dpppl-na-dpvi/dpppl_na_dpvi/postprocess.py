@@ -1423,10 +1423,19 @@ def laplace_convergence(fit_stats: dict[str, float]) -> str | None:
     )
 
 
-def _laplace_fit(structure: ModelStructure, replicates: bool):
+def laplace_fit(
+    logdensity: Callable[[jax.Array, Any], jax.Array],
+    initial: Callable[[Any], jax.Array],
+    replicates: bool,
+):
+    """A compiled Laplace fit of ``logdensity(position, stats)`` started at ``initial(stats)``
+    (vmapped over stacked statistics with ``replicates``): its mode, a square root ``scale`` of
+    the inverse negative Hessian there, half the Newton decrement and the smallest curvature
+    (what :func:`laplace_convergence` reads)."""
+
     def fit(stats):
         def objective(p):
-            value = -log_density(p, stats, structure)
+            value = -logdensity(p, stats)
             return jnp.where(jnp.isfinite(value), value, jnp.inf)
 
         hessian_fn = jax.hessian(objective)
@@ -1445,9 +1454,7 @@ def _laplace_fit(structure: ModelStructure, replicates: bool):
             best = jnp.argmin(values)
             return jnp.where(values[best] < value, candidates[best], position), None
 
-        mode, _ = jax.lax.scan(
-            newton, initial_position(stats, structure), None, length=LAPLACE_ITERATIONS
-        )
+        mode, _ = jax.lax.scan(newton, initial(stats), None, length=LAPLACE_ITERATIONS)
         grad = jax.grad(objective)(mode)
         hess = hessian_fn(mode)
         eigenvalues, eigenvectors = jnp.linalg.eigh((hess + hess.T) / 2)
@@ -1459,6 +1466,31 @@ def _laplace_fit(structure: ModelStructure, replicates: bool):
         return mode, scale, decrement, eigenvalues[0]
 
     return jax.jit(jax.vmap(fit) if replicates else fit)
+
+
+def laplace_draws(
+    fit: Callable[[Any], tuple[jax.Array, ...]],
+    stats: list[Any],
+    keys: list[jax.Array],
+    *,
+    draws: int,
+    chains: int,
+    replicates: bool,
+) -> list[tuple[jax.Array, dict[str, float]]]:
+    """Each fit's Gaussian draws (chains, draws, p) of a compiled :func:`laplace_fit`, and the
+    fit's statistics."""
+    if replicates:
+        modes, scales, decrements, curvatures = fit(stack_statistics(stats))
+    else:
+        modes, scales, decrements, curvatures = (x[None] for x in fit(stats[0]))
+    results = []
+    for key, mode, scale, decrement, curvature in zip(
+        keys, modes, scales, decrements, curvatures, strict=True
+    ):
+        z = jax.random.normal(key, (chains, draws, mode.shape[0]))
+        fit_stats = {"newton_decrement": float(decrement), "min_curvature": float(curvature)}
+        results.append((mode + z @ scale.T, fit_stats))
+    return results
 
 
 def sample_laplace(
@@ -1476,18 +1508,20 @@ def sample_laplace(
     result's ``fit_stats`` say whether the fit reached a mode (:func:`laplace_convergence`)."""
     fit = cache(
         ("na-dpvi", "laplace", stats[0].phi_bar.shape[0], structure, replicates),
-        lambda: _laplace_fit(structure, replicates),
+        lambda: laplace_fit(
+            lambda p, one: log_density(p, one, structure),
+            lambda one: initial_position(one, structure),
+            replicates,
+        ),
     )
-    if replicates:
-        modes, scales, decrements, curvatures = fit(stack_statistics(stats))
-    else:
-        modes, scales, decrements, curvatures = (x[None] for x in fit(stats[0]))
-    results = []
-    for one, key, mode, scale, decrement, curvature in zip(
-        stats, keys, modes, scales, decrements, curvatures, strict=True
-    ):
-        z = jax.random.normal(key, (chains, draws, mode.shape[0]))
-        positions = _with_optimum(mode + z @ scale.T, one, structure, jax.random.fold_in(key, 1))
-        fit_stats = {"newton_decrement": float(decrement), "min_curvature": float(curvature)}
-        results.append(replace(_to_draws(positions, one, structure, {}), fit_stats=fit_stats))
-    return results
+    drawn = laplace_draws(fit, stats, keys, draws=draws, chains=chains, replicates=replicates)
+    return [
+        replace(
+            _to_draws(
+                _with_optimum(positions, one, structure, jax.random.fold_in(key, 1)), one,
+                structure, {},
+            ),
+            fit_stats=fit_stats,
+        )
+        for (positions, fit_stats), one, key in zip(drawn, stats, keys, strict=True)
+    ]
