@@ -1256,12 +1256,7 @@ def _postprocessing_groups(model: RecordModel, post: PostProcessingDraws) -> dic
             **_inference_attrs(post.sample_stats, post.fit_stats),
         },
     )
-    groups = {"postprocessing_posterior": posterior}
-    if post.sample_stats:
-        groups["postprocessing_sample_stats"] = _sample_stats_dataset(
-            post.sample_stats, coords, post.target_accept
-        )
-    return groups
+    return _posterior_groups(posterior, post.sample_stats, coords, post.target_accept)
 
 
 def _reads_apart(model: RecordModel) -> bool:
@@ -1295,6 +1290,21 @@ def _sample_stats_dataset(
         coords={"chain": coords["chain"], "draw": coords["draw"]},
         attrs={"target_accept": target_accept},
     )
+
+
+def _posterior_groups(
+    posterior: xr.Dataset,
+    sample_stats: dict[str, np.ndarray],
+    coords: dict[str, np.ndarray],
+    target_accept: float | None,
+) -> dict[str, xr.Dataset]:
+    """The post-processing posterior's group, and NUTS's statistics beside it where NUTS ran."""
+    groups = {"postprocessing_posterior": posterior}
+    if sample_stats:
+        groups["postprocessing_sample_stats"] = _sample_stats_dataset(
+            sample_stats, coords, target_accept
+        )
+    return groups
 
 
 def _laplace_warning(fit_stats: dict[str, float]) -> list[str]:
@@ -1356,12 +1366,7 @@ def _likelihood_groups(model: RecordModel, post: LikelihoodDraws) -> dict[str, x
             **_inference_attrs(post.sample_stats, post.fit_stats),
         },
     )
-    groups = {"postprocessing_posterior": posterior}
-    if post.sample_stats:
-        groups["postprocessing_sample_stats"] = _sample_stats_dataset(
-            post.sample_stats, coords, post.target_accept
-        )
-    return groups
+    return _posterior_groups(posterior, post.sample_stats, coords, post.target_accept)
 
 
 def _mixture_draws(
