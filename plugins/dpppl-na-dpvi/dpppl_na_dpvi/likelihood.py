@@ -589,12 +589,8 @@ def sample_likelihood_laplace(
 ) -> list[LikelihoodDraws]:
     """Laplace's approximation of the likelihood model of each fit: a Gaussian at the mode of
     NUTS's target (:class:`LikelihoodTarget`, whose position is the model's parameters
-    unconstrained and whitened), mapped to θ and F draw by draw.  A learned η is part of the
-    fit: that position divides each correlation by its scale given η, so the joint mode is not
-    the neck of a funnel, and the data move η far from its hyperprior's centre (held there, the
-    10-D regression's weights came out 1.3–1.7 times as wide as NUTS's at ε = 0.3).  Each
-    result's ``fit_stats`` say whether the fit reached a mode
-    (:func:`dpppl_na_dpvi.postprocess.laplace_convergence`)."""
+    unconstrained and whitened), mapped to θ and F draw by draw.  Each result's ``fit_stats`` say
+    whether the fit reached a mode (:func:`dpppl_na_dpvi.postprocess.laplace_convergence`)."""
     target = LikelihoodTarget(structure, logprior)
     fit = cache(
         ("na-dpvi", "likelihood-laplace", structure, replicates),

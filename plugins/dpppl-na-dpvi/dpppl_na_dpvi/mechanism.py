@@ -263,13 +263,11 @@ class NADPVI(Mechanism):
     lkj_eta
         η of R's LKJ prior (``correlation_prior`` ``"lkj"`` or ``"released-likelihood"``).  None
         (default) learns η under a hyperprior (``dpppl_na_dpvi.postprocess.
-        lkj_concentration_centre``; Laplace learns it too with the likelihood model, whose
-        position divides each correlation by its scale given η, and fixes it at the centre with
-        the optimum model, whose joint mode of η and the correlations is degenerate), centred
-        where R stays as well conditioned as LKJ(2) keeps a 2 × 2 correlation whatever the
-        number of parameters, and wide: the release moves η, all correlations together (it
-        grows where they are all within their noise of 0, as on a regression with independent
-        covariates, and falls to about 2 where some stand out).
+        lkj_concentration_centre``; Laplace, whose joint mode of a learned η is degenerate, then
+        fixes η at its centre), centred where R stays as well conditioned as LKJ(2) keeps a 2 × 2
+        correlation whatever the number of parameters, and wide: the release moves η, all
+        correlations together (it grows where they are all within their noise of 0, as on a
+        regression with independent covariates, and falls to about 2 where some stand out).
         A fixed η decides how close to singular A may come: η = 2 is several times too wide on a
         10-D regression with independent covariates, and a larger η over-confident where the
         curvature is strongly correlated (``tutorials/RESULTS.md``).  The likelihood model
@@ -416,11 +414,10 @@ class NADPVI(Mechanism):
             return [name for name, set_ in unused.items() if set_]
 
         def resolved_lkj_eta(self, dimension: int) -> float | None:
-            """η of the LKJ prior on the optimum model's ``dimension``-square curvature
-            correlation: ``lkj_eta``, or where it is learned (None) and Laplace runs, the
-            centre of its hyperprior: a Gaussian at the joint mode of η and the correlations
-            would sit at the neck of their funnel.  (The likelihood model's Laplace fit learns η,
-            in NUTS's position, where the correlations are scaled by η.)"""
+            """η of the LKJ prior on a ``dimension``-square curvature's correlation:
+            ``lkj_eta``, or where it is learned (None) and Laplace runs, the centre of its
+            hyperprior: a Gaussian at the joint mode of η and the correlations would sit at the
+            neck of their funnel."""
             if self.lkj_eta is not None or self.inference == "nuts":
                 return self.lkj_eta
             return lkj_concentration_centre(dimension)
@@ -1050,7 +1047,7 @@ class NADPVI(Mechanism):
             records=tuple(bool(b) for b in records),
             full=o.full_curvature(n),
             released=released,
-            lkj_eta=o.lkj_eta,
+            lkj_eta=o.resolved_lkj_eta(int(records.sum())),
         )
         options = dict(
             draws=o.draws, chains=o.chains, structure=structure, logprior=model.logprior,
