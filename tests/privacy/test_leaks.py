@@ -33,16 +33,18 @@ from dpppl.plugin.registry import get_mechanism
 from dpppl.privacy.subsampling import binomial_thresholds
 
 FLOAT_SENTINEL = 7.123456789
-BIG_SENTINEL = 987654321.5
-#: Its digits run in no order: a serialised program holds index lists 0, 1, 2, … as bytes, and
-#: one of 62 operands reads "0123456789" in ASCII, so 123456789 was found in a program compiled
-#: from data without it (the likelihood model's Laplace fit, stop 75).
+#: The two large sentinels' digits run in no order: a serialised program holds index lists
+#: 0, 1, 2, … as bytes, and one of 62 operands reads "0123456789" in ASCII, so 123456789 was
+#: found in a program compiled from data without it (the likelihood model's Laplace fit, stop
+#: 75); a reversed list would read 987654321.
+BIG_SENTINEL = 978563412.5
 COUNT_SENTINEL = 918273645
 N = 40
 
-#: Substrings that would betray a sentinel in any text (repr, str, %g, %.6g, %e formatting).
-TEXT_MARKERS = ("7.12345", "7.12346", "987654321", "987654322", "9.87654e+08", "9.876543e+08",
-                "918273645", "9.18274e+08", "9.182736e+08")
+#: Substrings that would betray a sentinel in any text (repr, str, %g, %.6g, %e formatting, and
+#: the large one rounded to float32).
+TEXT_MARKERS = ("7.12345", "7.12346", "978563412", "978563413", "978563392", "9.78563e+08",
+                "9.785634e+08", "918273645", "9.18274e+08", "9.182736e+08")
 #: Groups that are DP releases (or their post-processing): their values are not searched.
 RELEASED = {"posterior", "dpvi_trace", "postprocessing_posterior", "postprocessing_sample_stats",
             "tarp"}
