@@ -320,12 +320,12 @@ class NADPVI(Mechanism):
         than the prior where the privacy noise leaves θ unlocated.  ``"auto"`` (default):
         ``"likelihood"`` where the curvature is released (``correlation_prior``) and the records
         read each parameter they read apart (:attr:`dpppl.RecordModel.record_parameter_rank`),
-        ``"optimum"`` elsewhere; the choice is published as ``postprocessing``.  A non-centred hierarchy fails the last
-        test: its records read ``mu_a + tau * z``, along whose level sets the likelihood's
-        curvature is not constant, and the likelihood model, which takes it to be, is several
-        times further from calibrated there than the optimum model (``tutorials/RESULTS.md``,
-        stop 52), which reads it from mean-field q, over-confident there too: such a fit warns
-        and says to write the hierarchy centred.  The likelihood model reads no option of the
+        ``"optimum"`` elsewhere; the choice is published as ``postprocessing``.  A non-centred
+        hierarchy fails the last test: its records read ``mu_a + tau * z``, along whose level
+        sets the likelihood's curvature is not constant, and the likelihood model, which takes
+        it to be, is several times further from calibrated there than the optimum model
+        (``tutorials/RESULTS.md``, stop 52), which reads it from mean-field q, over-confident
+        there too: such a fit warns and says to write the hierarchy centred.  The likelihood model reads no option of the
         optimum model (``optimum``, ``optimum_prior``, ``covariance``, ``curvature_prior``,
         ``anchored``, ``subsampling_noise``).  Measured in ``tutorials/RESULTS.md`` (stop 51;
         with ``inference="laplace"``, stop 75).
@@ -986,21 +986,16 @@ class NADPVI(Mechanism):
             lkj_eta=o.resolved_lkj_eta(model.n_params),
             correlation_prior=correlation_prior,
         )
-        options = dict(
-            draws=o.draws, chains=o.chains, structure=structure, cache=model.cached,
-            replicates=replicates,
-        )
+        options = dict(draws=o.draws, chains=o.chains, structure=structure, cache=model.cached)
         with progress.task(f"noise-aware posterior ({o.inference})", total=1) as bar:
             if o.inference == "nuts":
-                posts = sample_nuts(stats, keys, tune=o.tune, **options)
+                posts = sample_nuts(stats, keys, tune=o.tune, replicates=replicates, **options)
             else:
                 posts = self._redraw_unconverged(
-                    sample_laplace(stats, keys, **options),
+                    sample_laplace(stats, keys, replicates=replicates, **options),
                     stats,
                     keys,
-                    lambda one, key: sample_nuts(
-                        [one], [key], tune=o.tune, **{**options, "replicates": False}
-                    )[0],
+                    lambda one, key: sample_nuts([one], [key], tune=o.tune, **options)[0],
                 )
             bar.advance(1)
         return posts
