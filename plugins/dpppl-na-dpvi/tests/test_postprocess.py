@@ -456,6 +456,40 @@ def test_the_slab_keeps_the_prior_normalised_and_only_widens_the_entries_it_is_g
     np.testing.assert_allclose((mass[:, None] * z**2).sum(axis=0), expected, rtol=1e-4)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: the slab is set on canonical partial correlations, which favours the first "
+    "coordinate's correlations; an exchangeable form (branch exchangeable-slab) measured neutral "
+    "on the class studies and is not the default (tutorials/RESULTS.md, stop 77)",
+)
+@pytest.mark.parametrize("barrier", [None, 2.0])
+def test_the_slab_treats_every_coordinate_alike(barrier):
+    """Numbering the coordinates differently must not change the prior of R: the density of R
+    relative to LKJ(η)'s, with each correlation's slab weight carried along with it, is the
+    same for R and for R with its rows and columns permuted.  (A slab on each canonical partial
+    correlation in turn gives the first coordinate's correlations the most room.)"""
+    n, eta = 5, 6.0
+    rng = np.random.default_rng(3)
+    factor = rng.standard_normal((n, n + 2))
+    covariance = factor @ factor.T
+    correlation = covariance / np.sqrt(np.outer(np.diag(covariance), np.diag(covariance)))
+    weights = np.where(rng.random((n, n)) < 0.5, 0.2, 0.0)
+    weights = np.tril(weights, -1) + np.tril(weights, -1).T
+    rows, cols = np.tril_indices(n, -1)
+
+    def tilt(order):
+        permuted = correlation[np.ix_(order, order)]
+        y = jnp.asarray(np.arctanh(partial_correlations(permuted)))
+        slab = jnp.asarray(weights[np.ix_(order, order)][rows, cols])
+        return float(
+            partial_correlation_logp(y, n, eta, slab, barrier) - partial_correlation_logp(y, n, eta)
+        )
+
+    assert abs(tilt(np.arange(n))) > 0.1
+    for order in ([4, 3, 2, 1, 0], [2, 0, 4, 1, 3], [1, 2, 3, 4, 0]):
+        assert tilt(np.array(order)) == pytest.approx(tilt(np.arange(n)), abs=1e-9)
+
+
 def _posterior_of_one_correlation(observed, slab, barrier):
     """Grid y and posterior weights of the first correlation of a 5 × 5 matrix under LKJ(6)
     (η taken up by weak correlations) mixed with the alternative, observed ± 0.12."""
