@@ -325,10 +325,10 @@ class NADPVI(Mechanism):
         sets the likelihood's curvature is not constant, and the likelihood model, which takes
         it to be, is several times further from calibrated there than the optimum model
         (``tutorials/RESULTS.md``, stop 52), which reads it from mean-field q, over-confident
-        there too: such a fit warns and says to write the hierarchy centred.  The likelihood model reads no option of the
-        optimum model (``optimum``, ``optimum_prior``, ``covariance``, ``curvature_prior``,
-        ``anchored``, ``subsampling_noise``).  Measured in ``tutorials/RESULTS.md`` (stop 51;
-        with ``inference="laplace"``, stop 75).
+        there too: such a fit warns and says to write the hierarchy centred.  The likelihood
+        model reads no option of the optimum model (``optimum``, ``optimum_prior``,
+        ``covariance``, ``curvature_prior``, ``anchored``, ``subsampling_noise``).  Measured in
+        ``tutorials/RESULTS.md`` (stop 51; with ``inference="laplace"``, stop 75).
     """
 
     name = "na-dpvi"
