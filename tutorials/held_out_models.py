@@ -8,6 +8,11 @@ records' outcomes y; its priors generate the truths that TARP checks.
 * Two covariates (correlation 0.5), N = 1000: ``student_t``, ``negbin``, ``gamma``, ``probit``,
   ``beta``, ``hetero`` (normal with a log-linear scale), ``softmax`` (three classes),
   ``ordinal`` (ordered logistic, three cutpoints).
+* More observation families on the same two covariates (stop 78): ``student_nu`` (Student-t
+  with unknown degrees of freedom, heavy-tailed a priori), ``zero_inflated`` (zero-inflated
+  Poisson), ``weibull`` (Weibull regression with unknown shape), ``censored`` (normal regression
+  censored above at a public threshold, ``pm.Censored``), ``binomial`` (binomial counts out of a
+  public number of trials per record, a third column of X), ``lognormal``.
 * Between 13 and 30 parameters, where NA-DPVI releases the records' full curvature and reads it
   with the likelihood model (stop 71): ``mid_logistic`` (20 covariates with Toeplitz correlation
   0.5^|i-j|, N = 5000), ``mid_poisson`` (24 covariates, Toeplitz 0.3^|i-j|, N = 3000),
@@ -216,6 +221,72 @@ def ordinal(X: np.ndarray, y: np.ndarray) -> pm.Model:
     return model
 
 
+def student_nu(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    """A robust regression whose tails are learned: ν ~ Gamma(8, 2), mean 4."""
+    model, x = _model(X)
+    with model:
+        eta = linear_predictor(x, 1)
+        s = pm.Exponential("s", 1)
+        nu = pm.Gamma("nu", 8, 2)
+        pm.StudentT("y", nu=nu, mu=eta, sigma=s, observed=y)
+    return model
+
+
+def zero_inflated(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    model, x = _model(X)
+    with model:
+        eta = linear_predictor(x, 0.5, 1, 0.5)
+        psi = pm.Beta("psi", 4, 2)  # the share of records drawn from the Poisson
+        pm.ZeroInflatedPoisson("y", psi=psi, mu=pm.math.exp(eta), observed=y)
+    return model
+
+
+def weibull(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    model, x = _model(X)
+    with model:
+        eta = linear_predictor(x, 0.5)
+        shape = pm.Gamma("shape", 6, 4)
+        pm.Weibull("y", alpha=shape, beta=pm.math.exp(eta), observed=y)
+    return model
+
+
+#: The public threshold above which ``censored`` records read only "at least this much".
+CENSORED_AT = 1.5
+
+
+def censored(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    model, x = _model(X)
+    with model:
+        eta = linear_predictor(x, 0.5)
+        s = pm.HalfNormal("s", 1)
+        pm.Censored("y", pm.Normal.dist(eta, s), lower=None, upper=CENSORED_AT, observed=y)
+    return model
+
+
+def binomial_covariates(rng: np.random.Generator) -> np.ndarray:
+    """The correlated pair and each record's public number of trials, 1 to 20."""
+    return np.column_stack([correlated_pair(rng), rng.integers(1, 21, 1000)])
+
+
+def binomial(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    model = pm.Model(coords={"feature": range(2)})
+    with model:
+        data = pm.Data("X", X)
+        trials = pt.cast(data[:, 2], "int64")
+        eta = linear_predictor(data[:, :2], 0.5)
+        pm.Binomial("y", n=trials, logit_p=eta, observed=y)
+    return model
+
+
+def lognormal(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    model, x = _model(X)
+    with model:
+        eta = linear_predictor(x, 0.5)
+        s = pm.HalfNormal("s", 1)
+        pm.LogNormal("y", mu=eta, sigma=s, observed=y)
+    return model
+
+
 def wide_logistic(X: np.ndarray, y: np.ndarray) -> pm.Model:
     model, x = _model(X)
     with model:
@@ -273,6 +344,12 @@ MODELS = {
     "hetero": HeldOutModel(hetero, correlated_pair, 1000, discrete=False),
     "softmax": HeldOutModel(softmax, correlated_pair, 1000, discrete=True),
     "ordinal": HeldOutModel(ordinal, correlated_pair, 1000, discrete=True),
+    "student_nu": HeldOutModel(student_nu, correlated_pair, 1000, discrete=False),
+    "zero_inflated": HeldOutModel(zero_inflated, correlated_pair, 1000, discrete=True),
+    "weibull": HeldOutModel(weibull, correlated_pair, 1000, discrete=False),
+    "censored": HeldOutModel(censored, correlated_pair, 1000, discrete=False),
+    "binomial": HeldOutModel(binomial, binomial_covariates, 1000, discrete=True),
+    "lognormal": HeldOutModel(lognormal, correlated_pair, 1000, discrete=False),
     "wide_logistic": HeldOutModel(wide_logistic, wide_logistic_covariates, 2000, discrete=True),
     "wide_poisson": HeldOutModel(wide_poisson, toeplitz_covariates, 3000, discrete=True),
     "wide_regression": HeldOutModel(wide_regression, regression_covariates, 2000, discrete=False),
