@@ -265,7 +265,8 @@ def censored(X: np.ndarray, y: np.ndarray) -> pm.Model:
 
 def binomial_covariates(rng: np.random.Generator) -> np.ndarray:
     """The correlated pair and each record's public number of trials, 1 to 20."""
-    return np.column_stack([correlated_pair(rng), rng.integers(1, 21, 1000)])
+    pair = correlated_pair(rng)
+    return np.column_stack([pair, rng.integers(1, 21, len(pair))])
 
 
 def binomial(X: np.ndarray, y: np.ndarray) -> pm.Model:
