@@ -56,6 +56,23 @@ CURVATURE_SHARE = 0.5
 CURVATURE_CLIP_SCALE = 1.25
 
 
+def clip_parts(rows: jax.Array, n_params: int, bound: float | jax.Array) -> jax.Array:
+    """Each row's μ-part (its first ``n_params`` columns) and u-part clipped apart, each to
+    bound/√2, so that the whole row's norm is still at most ``bound``.
+
+    Clipped as one vector, a record whose u-gradient is large loses its μ-gradient with it.  The
+    u-gradient of a record is its curvature's excess over the average (I_i/Ī − 1), which the
+    records in a long tail of the outcome make large: a Student-t's outliers, a Weibull's long
+    waits.  Their u-parts were 2–10 times their μ-parts (N = 1000, at the optimum), so clipping
+    the rows whole cut those records' scores, whose tail is one-sided, and moved the clipped
+    optimum by 1–1.5 posterior sds in a Weibull's log scale and a Student-t's log ν
+    (``tutorials/RESULTS.md``, stop 79)."""
+    half = bound / np.sqrt(2)
+    return jnp.concatenate(
+        [clip_rows(rows[:, :n_params], half), clip_rows(rows[:, n_params:], half)], axis=1
+    )
+
+
 def release_dim(n_params: int, curvature: bool) -> int:
     """Coordinates of one step's release: the 2n gradient coordinates, and the curvature row's
     n(n + 1)/2 (the upper triangle of an n × n outer product, diagonal included)."""
@@ -165,6 +182,7 @@ def make_step(
     snapped: bool = False,
     counted: bool = False,
     curvature: bool = False,
+    split_clipping: bool = False,
 ):
     """One DP-SGD step ``step(phi, key, data, settings, grid) -> (new_phi, StepOutput)``.
 
@@ -172,7 +190,8 @@ def make_step(
     ignores ``grid``.  With ``counted`` (static) ``data`` is a :class:`CountedRecords`: the
     step draws how many copies of each record its batch holds and takes one gradient per
     record.  With ``curvature`` (static) every record's row also holds its curvature row
-    (:func:`curvature_rows`), released in the same noisy sum.
+    (:func:`curvature_rows`), released in the same noisy sum.  With ``split_clipping`` (static)
+    the gradient's μ- and u-parts are clipped apart (:func:`clip_parts`).
     """
     n = model.n_params
 
@@ -190,7 +209,11 @@ def make_step(
         half = jax.random.normal(key_eps, ((mc_draws + 1) // 2, n), dtype=phi.dtype)
         eps = jnp.concatenate([half, -half])[:mc_draws]
         per_record = model.elbo_loss_grads(phi, batch, eps, settings.n_records)
-        rows = clip_rows(per_record * settings.preconditioner, settings.clipping_bound)
+        rows = per_record * settings.preconditioner
+        if split_clipping:
+            rows = clip_parts(rows, n, settings.clipping_bound)
+        else:
+            rows = clip_rows(rows, settings.clipping_bound)
         if curvature:
             rows = jnp.concatenate(
                 [rows, curvature_rows(rows, n, settings.clipping_bound)], axis=1
@@ -222,6 +245,7 @@ def _chunk_runner(
     replicates: bool,
     counted: bool = False,
     curvature: bool = False,
+    split_clipping: bool = False,
 ):
     """Up to ``chunk`` steps under ``jax.lax.fori_loop``, jitted; with ``replicates``, vmapped
     over a leading replicate axis of the iterate, key, data and settings (the grid is shared).
@@ -230,7 +254,7 @@ def _chunk_runner(
     run (no batch is drawn and nothing is released), and their outputs are zeros for the caller
     to drop.  So a run whose phases are not multiples of ``chunk`` compiles one program, not one
     per remainder.  The curvature releases come out summed over the chunk."""
-    step = make_step(model, capacity, mc_draws, snapped, counted, curvature)
+    step = make_step(model, capacity, mc_draws, snapped, counted, curvature, split_clipping)
 
     def run(phi, key, data, settings, grid, length):
         keys = jax.random.split(key, chunk)
@@ -290,6 +314,7 @@ def run_dpsgd(
     chunk: int = 250,
     anchored_steps: int = 0,
     curvature: bool = False,
+    split_clipping: bool = False,
 ) -> tuple[Trace, DPSGDSettings]:
     """Run ``steps`` DP-SGD steps from ``phi0``; return the released trace and the final settings.
 
@@ -315,12 +340,14 @@ def run_dpsgd(
     (see :meth:`dpppl_na_dpvi.postprocess.TraceStatistics.from_trace`).
 
     ``curvature``: every step also releases its batch's curvature rows (:func:`curvature_rows`),
-    kept as sums per chunk in the trace.
+    kept as sums per chunk in the trace.  ``split_clipping``: the gradients' μ- and u-parts are
+    clipped apart (:func:`clip_parts`).
     """
     traces, settings = run_dpsgd_replicates(
         model, [data], np.asarray(phi0)[None], [schedule], [key],
         steps=steps, capacity=capacity, mc_draws=mc_draws, progress=progress, grid=grid,
         chunk=chunk, vectorised=False, anchored_steps=anchored_steps, curvature=curvature,
+        split_clipping=split_clipping,
     )
     return traces[0], settings[0]
 
@@ -395,6 +422,7 @@ def run_dpsgd_replicates(
     anchored_steps: int = 0,
     count_length: int | None = None,
     curvature: bool = False,
+    split_clipping: bool = False,
 ) -> tuple[list[Trace], list[DPSGDSettings]]:
     """:func:`run_dpsgd` on R independent replicates at once, as one vmapped program.
 
@@ -430,9 +458,13 @@ def run_dpsgd_replicates(
     preconditioners = []
     size = max(lengths)
     run = model.cached(
-        ("na-dpvi", "dpsgd", capacity, mc_draws, size, snapped, vectorised, counted, curvature),
+        (
+            "na-dpvi", "dpsgd", capacity, mc_draws, size, snapped, vectorised, counted,
+            curvature, split_clipping,
+        ),
         lambda: _chunk_runner(
-            model, capacity, mc_draws, size, snapped, vectorised, counted, curvature
+            model, capacity, mc_draws, size, snapped, vectorised, counted, curvature,
+            split_clipping,
         ),
     )
     with progress.task("DP-SGD", total=steps) as bar:

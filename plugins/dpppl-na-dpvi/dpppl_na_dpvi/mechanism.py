@@ -300,6 +300,13 @@ class NADPVI(Mechanism):
         (1 + e^ε)·T·d·3.6·10⁻¹⁵, in the plan's ``snapping_delta``, so a plan whose δ cannot
         cover that, at large ε, is refused).  ``"float"``: float64 Gaussian noise of std σC,
         as in the paper; the low bits of its outputs can depend on the data (Jin et al. 2022).
+    clipping
+        ``"joint"`` (default): each record's standardised gradient is clipped to C as one
+        vector.  ``"split"``: its μ- and u-parts are clipped apart, each to C/√2, so the
+        sensitivity is still C (:func:`dpppl_na_dpvi.dpsgd.clip_parts`).  A record in a long
+        tail of the outcome has a large u-gradient, and clipped jointly it loses its μ-gradient
+        with it; where the μ-gradient's tail is one-sided (a scale's or a shape's score) that
+        moves the optimum (``tutorials/RESULTS.md``, stop 79).
     relation
         The neighbour relation of the guarantee.  ``"add_or_remove_one"`` (default, the papers'):
         N, which sizes the batches and weights the prior, is treated as a public constant, so the
@@ -364,6 +371,7 @@ class NADPVI(Mechanism):
             "released-likelihood"
         )
         noise: Literal["snapped", "float"] = "snapped"
+        clipping: Literal["joint", "split"] = "joint"
         relation: Literal["add_or_remove_one", "replace_one"] = "add_or_remove_one"
         postprocessing: Literal["auto", "optimum", "likelihood"] = "auto"
 
@@ -827,6 +835,7 @@ class NADPVI(Mechanism):
             vectorised=replicates,
             anchored_steps=o.anchored_steps,
             curvature=o.releases_curvature(model.n_params),
+            split_clipping=o.clipping == "split",
         )
         read = self._read_coordinates(model)
         starts = [
@@ -917,6 +926,7 @@ class NADPVI(Mechanism):
                 **schedule.public(),
                 "anchored_steps": o.anchored_steps,
                 "settled_step": settled_step,
+                "clipping": o.clipping,
                 "postprocessing": "likelihood",
             }
             # A writable copy, as the optimum model's draws are: NumPy views of JAX arrays are
@@ -950,6 +960,7 @@ class NADPVI(Mechanism):
             **schedule.public(),
             "anchored_steps": o.anchored_steps,
             "settled_step": settled_step,
+            "clipping": o.clipping,
         }
         if post is not None:
             attrs["postprocessing"] = "optimum"
