@@ -56,21 +56,27 @@ CURVATURE_SHARE = 0.5
 CURVATURE_CLIP_SCALE = 1.25
 
 
-def clip_parts(rows: jax.Array, n_params: int, bound: float | jax.Array) -> jax.Array:
-    """Each row's μ-part (its first ``n_params`` columns) and u-part clipped apart, each to
-    bound/√2, so that the whole row's norm is still at most ``bound``.
+def clip_mu_first(rows: jax.Array, n_params: int, bound: float | jax.Array) -> jax.Array:
+    """Each row within ``bound``, its μ-part (first ``n_params`` columns) clipped to ``bound``
+    first and its u-part to what the μ-part leaves, √(bound² − ‖μ‖²); rows that are not finite
+    become zero.
 
-    Clipped as one vector, a record whose u-gradient is large loses its μ-gradient with it.  The
-    u-gradient of a record is its curvature's excess over the average (I_i/Ī − 1), which the
-    records in a long tail of the outcome make large: a Student-t's outliers, a Weibull's long
-    waits.  Their u-parts were 2–10 times their μ-parts (N = 1000, at the optimum), so clipping
-    the rows whole cut those records' scores, whose tail is one-sided, and moved the clipped
-    optimum by 1–1.5 posterior sds in a Weibull's log scale and a Student-t's log ν
-    (``tutorials/RESULTS.md``, stop 79)."""
-    half = bound / np.sqrt(2)
-    return jnp.concatenate(
-        [clip_rows(rows[:, :n_params], half), clip_rows(rows[:, n_params:], half)], axis=1
-    )
+    A row within the bound comes through whole, as it does clipped as one vector.  A row over it
+    keeps its μ-gradient (up to the bound) where clipping it as one vector shrinks both parts
+    alike.  The u-gradient of a record is its curvature's excess over the average (I_i/Ī − 1),
+    which the records in a long tail of the outcome make large: a Student-t's outliers, a
+    Weibull's long waits.  Their u-parts were 2–10 times their μ-parts (N = 1000, at the
+    optimum), so clipping the rows whole cut those records' scores, whose tail is one-sided, and
+    moved the clipped optimum by about one posterior sd in a Weibull's log scale and a
+    Student-t's log ν (``tutorials/RESULTS.md``, stop 79)."""
+    finite = jnp.all(jnp.isfinite(rows), axis=-1, keepdims=True)
+    rows = jnp.where(finite, rows, 0.0)
+    mu = clip_rows(rows[:, :n_params], bound)
+    spare = jnp.sqrt(jnp.maximum(bound**2 - jnp.sum(mu**2, axis=-1), 0.0))
+    u = rows[:, n_params:]
+    norms = jnp.sqrt(jnp.sum(u**2, axis=-1, keepdims=True))
+    u = u * jnp.minimum(1.0, spare[:, None] / jnp.maximum(norms, jnp.finfo(rows.dtype).tiny))
+    return jnp.concatenate([mu, u], axis=1)
 
 
 def release_dim(n_params: int, curvature: bool) -> int:
@@ -182,7 +188,7 @@ def make_step(
     snapped: bool = False,
     counted: bool = False,
     curvature: bool = False,
-    split_clipping: bool = False,
+    mu_first: bool = False,
 ):
     """One DP-SGD step ``step(phi, key, data, settings, grid) -> (new_phi, StepOutput)``.
 
@@ -190,8 +196,8 @@ def make_step(
     ignores ``grid``.  With ``counted`` (static) ``data`` is a :class:`CountedRecords`: the
     step draws how many copies of each record its batch holds and takes one gradient per
     record.  With ``curvature`` (static) every record's row also holds its curvature row
-    (:func:`curvature_rows`), released in the same noisy sum.  With ``split_clipping`` (static)
-    the gradient's μ- and u-parts are clipped apart (:func:`clip_parts`).
+    (:func:`curvature_rows`), released in the same noisy sum.  With ``mu_first`` (static)
+    the gradient's μ-part is clipped first and its u-part to what is left (:func:`clip_mu_first`).
     """
     n = model.n_params
 
@@ -210,8 +216,8 @@ def make_step(
         eps = jnp.concatenate([half, -half])[:mc_draws]
         per_record = model.elbo_loss_grads(phi, batch, eps, settings.n_records)
         rows = per_record * settings.preconditioner
-        if split_clipping:
-            rows = clip_parts(rows, n, settings.clipping_bound)
+        if mu_first:
+            rows = clip_mu_first(rows, n, settings.clipping_bound)
         else:
             rows = clip_rows(rows, settings.clipping_bound)
         if curvature:
@@ -245,7 +251,7 @@ def _chunk_runner(
     replicates: bool,
     counted: bool = False,
     curvature: bool = False,
-    split_clipping: bool = False,
+    mu_first: bool = False,
 ):
     """Up to ``chunk`` steps under ``jax.lax.fori_loop``, jitted; with ``replicates``, vmapped
     over a leading replicate axis of the iterate, key, data and settings (the grid is shared).
@@ -254,7 +260,7 @@ def _chunk_runner(
     run (no batch is drawn and nothing is released), and their outputs are zeros for the caller
     to drop.  So a run whose phases are not multiples of ``chunk`` compiles one program, not one
     per remainder.  The curvature releases come out summed over the chunk."""
-    step = make_step(model, capacity, mc_draws, snapped, counted, curvature, split_clipping)
+    step = make_step(model, capacity, mc_draws, snapped, counted, curvature, mu_first)
 
     def run(phi, key, data, settings, grid, length):
         keys = jax.random.split(key, chunk)
@@ -314,7 +320,7 @@ def run_dpsgd(
     chunk: int = 250,
     anchored_steps: int = 0,
     curvature: bool = False,
-    split_clipping: bool = False,
+    mu_first: bool = False,
 ) -> tuple[Trace, DPSGDSettings]:
     """Run ``steps`` DP-SGD steps from ``phi0``; return the released trace and the final settings.
 
@@ -340,14 +346,14 @@ def run_dpsgd(
     (see :meth:`dpppl_na_dpvi.postprocess.TraceStatistics.from_trace`).
 
     ``curvature``: every step also releases its batch's curvature rows (:func:`curvature_rows`),
-    kept as sums per chunk in the trace.  ``split_clipping``: the gradients' μ- and u-parts are
-    clipped apart (:func:`clip_parts`).
+    kept as sums per chunk in the trace.  ``mu_first``: each gradient's μ-part is
+    clipped first and its u-part to what is left (:func:`clip_mu_first`).
     """
     traces, settings = run_dpsgd_replicates(
         model, [data], np.asarray(phi0)[None], [schedule], [key],
         steps=steps, capacity=capacity, mc_draws=mc_draws, progress=progress, grid=grid,
         chunk=chunk, vectorised=False, anchored_steps=anchored_steps, curvature=curvature,
-        split_clipping=split_clipping,
+        mu_first=mu_first,
     )
     return traces[0], settings[0]
 
@@ -422,7 +428,7 @@ def run_dpsgd_replicates(
     anchored_steps: int = 0,
     count_length: int | None = None,
     curvature: bool = False,
-    split_clipping: bool = False,
+    mu_first: bool = False,
 ) -> tuple[list[Trace], list[DPSGDSettings]]:
     """:func:`run_dpsgd` on R independent replicates at once, as one vmapped program.
 
@@ -460,11 +466,11 @@ def run_dpsgd_replicates(
     run = model.cached(
         (
             "na-dpvi", "dpsgd", capacity, mc_draws, size, snapped, vectorised, counted,
-            curvature, split_clipping,
+            curvature, mu_first,
         ),
         lambda: _chunk_runner(
             model, capacity, mc_draws, size, snapped, vectorised, counted, curvature,
-            split_clipping,
+            mu_first,
         ),
     )
     with progress.task("DP-SGD", total=steps) as bar:

@@ -302,11 +302,12 @@ class NADPVI(Mechanism):
         as in the paper; the low bits of its outputs can depend on the data (Jin et al. 2022).
     clipping
         ``"joint"`` (default): each record's standardised gradient is clipped to C as one
-        vector.  ``"split"``: its μ- and u-parts are clipped apart, each to C/√2, so the
-        sensitivity is still C (:func:`dpppl_na_dpvi.dpsgd.clip_parts`).  A record in a long
-        tail of the outcome has a large u-gradient, and clipped jointly it loses its μ-gradient
-        with it; where the μ-gradient's tail is one-sided (a scale's or a shape's score) that
-        moves the optimum (``tutorials/RESULTS.md``, stop 79).
+        vector.  ``"mu-first"``: its μ-part is clipped to C first and its u-part to what the
+        μ-part leaves, so the sensitivity is still C and a row within C is unchanged
+        (:func:`dpppl_na_dpvi.dpsgd.clip_mu_first`).  A record in a long tail of the outcome has
+        a large u-gradient, and clipped whole it loses its μ-gradient with it; where the
+        μ-gradient's tail is one-sided (a scale's or a shape's score) that moves the optimum
+        (``tutorials/RESULTS.md``, stop 79).
     relation
         The neighbour relation of the guarantee.  ``"add_or_remove_one"`` (default, the papers'):
         N, which sizes the batches and weights the prior, is treated as a public constant, so the
@@ -371,7 +372,7 @@ class NADPVI(Mechanism):
             "released-likelihood"
         )
         noise: Literal["snapped", "float"] = "snapped"
-        clipping: Literal["joint", "split"] = "joint"
+        clipping: Literal["joint", "mu-first"] = "joint"
         relation: Literal["add_or_remove_one", "replace_one"] = "add_or_remove_one"
         postprocessing: Literal["auto", "optimum", "likelihood"] = "auto"
 
@@ -835,7 +836,7 @@ class NADPVI(Mechanism):
             vectorised=replicates,
             anchored_steps=o.anchored_steps,
             curvature=o.releases_curvature(model.n_params),
-            split_clipping=o.clipping == "split",
+            mu_first=o.clipping == "mu-first",
         )
         read = self._read_coordinates(model)
         starts = [

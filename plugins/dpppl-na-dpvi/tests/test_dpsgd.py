@@ -17,7 +17,7 @@ from dpppl_na_dpvi.dpsgd import (
     CURVATURE_SHARE,
     CountedRecords,
     DPSGDSettings,
-    clip_parts,
+    clip_mu_first,
     curvature_matrix,
     curvature_rows,
     make_step,
@@ -68,36 +68,42 @@ def test_one_record_moves_the_noise_free_sum_by_at_most_the_bound(model):
         assert float(jnp.linalg.norm(grad * beta)) <= 0.7 * (1 + 1e-12)
 
 
-def test_with_split_clipping_one_record_still_moves_the_noise_free_sum_by_at_most_the_bound(
+def test_clipping_mu_first_one_record_still_moves_the_noise_free_sum_by_at_most_the_bound(
     model,
 ):
-    step = jax.jit(make_step(model, capacity=1, mc_draws=4, split_clipping=True))
+    step = jax.jit(make_step(model, capacity=1, mc_draws=4, mu_first=True))
     data = {k: jnp.asarray(v[:1]) for k, v in model.data().items()}
     beta = jnp.array([1.0, 1.0, 50.0, 50.0])
-    n = model.n_params
     for seed in range(20):
         grad = step(far_phi(model), jax.random.key(seed), data,
                     settings(model, sigma=0.0, bound=0.7, beta=beta))[1].noisy_grad
-        row = np.asarray(grad * beta)
-        assert np.linalg.norm(row) <= 0.7 * (1 + 1e-12)
-        assert np.linalg.norm(row[:n]) <= 0.7 / np.sqrt(2) * (1 + 1e-12)
-        assert np.linalg.norm(row[n:]) <= 0.7 / np.sqrt(2) * (1 + 1e-12)
+        assert float(jnp.linalg.norm(grad * beta)) <= 0.7 * (1 + 1e-12)
 
 
-def test_split_clipping_keeps_the_mu_part_of_a_record_whose_u_part_is_large():
-    """Clipped whole, a row's large u-part shrinks its μ-part with it; clipped apart, a μ-part
-    within C/√2 comes through whole, and every row stays within C."""
+def test_clipping_mu_first_keeps_the_mu_part_of_a_record_whose_u_part_is_large():
+    """Clipped whole, a row's large u-part shrinks its μ-part with it; μ first, a μ-part within
+    the bound comes through whole, the u-part fills what it leaves, and a row within the bound
+    is not touched."""
     rng = np.random.default_rng(3)
     n, bound = 3, 6.0
     # Heavy-tailed rows, as the records of a long-tailed outcome give.
     rows = rng.standard_t(2, size=(2000, 2 * n))
     rows[0, :n], rows[0, n:] = [1.0, -2.0, 0.5], [40.0, 0.0, 30.0]
-    split = np.asarray(clip_parts(jnp.asarray(rows), n, bound))
-    assert np.all(np.linalg.norm(split, axis=1) <= bound * (1 + 1e-12))
-    np.testing.assert_allclose(split[0, :n], rows[0, :n])
-    np.testing.assert_allclose(np.linalg.norm(split[0, n:]), bound / np.sqrt(2))
-    small = np.linalg.norm(rows[:, :n], axis=1) <= bound / np.sqrt(2)
-    np.testing.assert_allclose(split[small, :n], rows[small, :n])
+    rows[1, :n], rows[1, n:] = [30.0, 40.0, 0.0], [1.0, 1.0, 1.0]
+    rows[2, 0] = np.nan
+    clipped = np.asarray(clip_mu_first(jnp.asarray(rows), n, bound))
+    norms = np.linalg.norm(clipped, axis=1)
+    assert np.all(norms <= bound * (1 + 1e-12))
+    np.testing.assert_allclose(clipped[0, :n], rows[0, :n])
+    assert norms[0] == pytest.approx(bound)
+    np.testing.assert_allclose(clipped[1, :n], rows[1, :n] * bound / 50.0)
+    np.testing.assert_allclose(clipped[1, n:], 0.0, atol=1e-7)
+    np.testing.assert_array_equal(clipped[2], 0.0)
+    within = np.linalg.norm(rows, axis=1) <= bound
+    np.testing.assert_allclose(clipped[within], rows[within])
+    mu_within = np.linalg.norm(rows[:, :n], axis=1) <= bound
+    np.testing.assert_allclose(clipped[mu_within & ~np.isnan(rows).any(1), :n],
+                               rows[mu_within & ~np.isnan(rows).any(1), :n])
 
 
 def test_the_batch_sum_is_bounded_by_the_bound_times_the_batch_size(model):

@@ -619,15 +619,15 @@ def test_the_settings_chosen_by_rule_are_public_metadata(model):
     assert attrs["clipping"] == "joint"
 
 
-def test_split_clipping_is_an_option_and_public_metadata(model):
-    """The μ- and u-parts clipped apart (``dpppl_na_dpvi.dpsgd.clip_parts``): the same plan,
-    so the same noise multiplier, and the choice published."""
+def test_clipping_mu_first_is_an_option_and_public_metadata(model):
+    """The μ-part clipped first (``dpppl_na_dpvi.dpsgd.clip_mu_first``): the same plan, so the
+    same noise multiplier, and the choice published."""
     import json
 
-    joint, split = sample(model), sample(model, clipping="split")
-    assert json.loads(split.attrs["dp_mechanism_attrs"])["clipping"] == "split"
-    assert split.attrs["dp_noise_multiplier"] == joint.attrs["dp_noise_multiplier"]
-    assert split.attrs["dp_epsilon"] == joint.attrs["dp_epsilon"]
+    joint, mu_first = sample(model), sample(model, clipping="mu-first")
+    assert json.loads(mu_first.attrs["dp_mechanism_attrs"])["clipping"] == "mu-first"
+    assert mu_first.attrs["dp_noise_multiplier"] == joint.attrs["dp_noise_multiplier"]
+    assert mu_first.attrs["dp_epsilon"] == joint.attrs["dp_epsilon"]
 
 
 def test_a_second_fit_of_the_same_model_compiles_nothing(model):
