@@ -306,7 +306,10 @@ class NADPVI(Mechanism):
         μ-part leaves, so the sensitivity is still C and a row within C is unchanged
         (:func:`dpppl_na_dpvi.dpsgd.clip_mu_first`).  A record in a long tail of the outcome has
         a large u-gradient, and clipped whole it loses its μ-gradient with it; where the
-        μ-gradient's tail is one-sided (a scale's or a shape's score) that moves the optimum
+        μ-gradient's tail is one-sided (a scale's or a shape's score) that moves the optimum:
+        a Weibull regression's log scale, biased low at ε = 1 under ``"joint"``, is calibrated
+        under ``"mu-first"``.  Not the default: those rows' u-gradients, which observe the
+        records' information, keep less, and a Poisson regression's weights came out wider
         (``tutorials/RESULTS.md``, stop 79).
     relation
         The neighbour relation of the guarantee.  ``"add_or_remove_one"`` (default, the papers'):
