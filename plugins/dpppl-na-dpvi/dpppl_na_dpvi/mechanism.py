@@ -309,8 +309,8 @@ class NADPVI(Mechanism):
         μ-gradient's tail is one-sided (a scale's or a shape's score) that moves the optimum:
         a Weibull regression's log scale, biased low at ε = 1 under ``"joint"``, is calibrated
         under ``"mu-first"``.  Not the default: those rows' u-gradients, which observe the
-        records' information, keep less, and a Poisson regression's weights came out wider
-        (``tutorials/RESULTS.md``, stop 79).
+        records' information, keep less, and the weights of a Poisson and a heteroscedastic
+        regression came out wider (``tutorials/RESULTS.md``, stop 79).
     relation
         The neighbour relation of the guarantee.  ``"add_or_remove_one"`` (default, the papers'):
         N, which sizes the batches and weights the prior, is treated as a public constant, so the
