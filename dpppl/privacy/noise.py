@@ -23,7 +23,8 @@ from dpppl.privacy.budget import total_variation_delta
 
 
 def clip_rows(rows: jax.Array, bound: float | jax.Array) -> jax.Array:
-    """Scale every row to L2 norm at most ``bound``; rows that are not finite become zero.
+    """Scale every row to L2 norm at most ``bound`` (one for all rows, or one per row, shape
+    (B, 1)); rows that are not finite become zero.
 
     A record whose gradient is NaN or infinite (for example a value outside the model's support)
     contributes nothing rather than poisoning the sum: the rule does not depend on other records,

@@ -74,11 +74,8 @@ def clip_mu_first(rows: jax.Array, n_params: int, bound: float | jax.Array) -> j
     finite = jnp.all(jnp.isfinite(rows), axis=-1, keepdims=True)
     rows = jnp.where(finite, rows, 0.0)
     mu = clip_rows(rows[:, :n_params], bound)
-    spare = jnp.sqrt(jnp.maximum(bound**2 - jnp.sum(mu**2, axis=-1), 0.0))
-    u = rows[:, n_params:]
-    norms = jnp.sqrt(jnp.sum(u**2, axis=-1, keepdims=True))
-    u = u * jnp.minimum(1.0, spare[:, None] / jnp.maximum(norms, jnp.finfo(rows.dtype).tiny))
-    return jnp.concatenate([mu, u], axis=1)
+    spare = jnp.sqrt(jnp.maximum(bound**2 - jnp.sum(mu**2, axis=-1, keepdims=True), 0.0))
+    return jnp.concatenate([mu, clip_rows(rows[:, n_params:], spare)], axis=1)
 
 
 def release_dim(n_params: int, curvature: bool) -> int:

@@ -904,6 +904,12 @@ class NADPVI(Mechanism):
         groups = {
             "dpvi_trace": _trace_dataset(model, trace, scores, schedule.last.clipping_bound)
         }
+        attrs = {
+            **schedule.public(),
+            "anchored_steps": o.anchored_steps,
+            "settled_step": settled_step,
+            "clipping": o.clipping,
+        }
         if isinstance(post, LikelihoodDraws):
             # The likelihood model regresses the gradients on the iterates and assumes no
             # stationarity, so a drift is no reason to doubt it (the drift warning fired on 194
@@ -926,13 +932,7 @@ class NADPVI(Mechanism):
                 "more tune steps; a hierarchy written non-centred, mu + tau * z, is better "
                 "written centred, or read with postprocessing='optimum'",
             )
-            attrs = {
-                **schedule.public(),
-                "anchored_steps": o.anchored_steps,
-                "settled_step": settled_step,
-                "clipping": o.clipping,
-                "postprocessing": "likelihood",
-            }
+            attrs["postprocessing"] = "likelihood"
             # A writable copy, as the optimum model's draws are: NumPy views of JAX arrays are
             # read-only.
             draws = np.array(post.theta)
@@ -960,12 +960,6 @@ class NADPVI(Mechanism):
                 ..., :n, :n
             ]
         draws = _mixture_draws(model, phi_star, key, curvature)
-        attrs = {
-            **schedule.public(),
-            "anchored_steps": o.anchored_steps,
-            "settled_step": settled_step,
-            "clipping": o.clipping,
-        }
         if post is not None:
             attrs["postprocessing"] = "optimum"
             attrs["optimum_prior"] = o.resolved_optimum_prior(model.n_params)
