@@ -20,7 +20,10 @@ records' outcomes y; its priors generate the truths that TARP checks.
   size, written centred, and a common slope; N = 2000, 24 parameters).
 * Past 30 parameters, where NA-DPVI reads a diagonal curvature: ``wide_logistic`` (35
   covariates, N = 2000), ``wide_poisson`` (32 covariates with Toeplitz correlation 0.3^|i-j|,
-  N = 3000), ``wide_regression`` (normal with unknown scale, 40 covariates, N = 2000).
+  N = 3000), ``wide_regression`` (normal with unknown scale, 40 covariates, N = 2000),
+  ``far_logistic`` (32 standard normal covariates, N = 8000, so that the weights' prior puts
+  them about 12 exact posterior sds from the trace's start where ``wide_logistic``'s are 5;
+  stop 80).
 
 A TARP study (K simulated data sets, one private fit each)::
 
@@ -95,6 +98,10 @@ def correlated_pair(rng: np.random.Generator) -> np.ndarray:
 
 def wide_logistic_covariates(rng: np.random.Generator) -> np.ndarray:
     return 0.5 * rng.standard_normal((2000, 35))
+
+
+def far_logistic_covariates(rng: np.random.Generator) -> np.ndarray:
+    return rng.standard_normal((8000, 32))
 
 
 def toeplitz_covariates(rng: np.random.Generator) -> np.ndarray:
@@ -296,6 +303,14 @@ def wide_logistic(X: np.ndarray, y: np.ndarray) -> pm.Model:
     return model
 
 
+def far_logistic(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    model, x = _model(X)
+    with model:
+        eta = linear_predictor(x, 0.3)
+        pm.Bernoulli("y", logit_p=eta, observed=y)
+    return model
+
+
 def wide_poisson(X: np.ndarray, y: np.ndarray) -> pm.Model:
     model, x = _model(X)
     with model:
@@ -354,6 +369,7 @@ MODELS = {
     "wide_logistic": HeldOutModel(wide_logistic, wide_logistic_covariates, 2000, discrete=True),
     "wide_poisson": HeldOutModel(wide_poisson, toeplitz_covariates, 3000, discrete=True),
     "wide_regression": HeldOutModel(wide_regression, regression_covariates, 2000, discrete=False),
+    "far_logistic": HeldOutModel(far_logistic, far_logistic_covariates, 8000, discrete=True),
     "mid_logistic": HeldOutModel(mid_logistic, mid_logistic_covariates, 5000, discrete=True),
     "mid_poisson": HeldOutModel(mid_poisson, mid_poisson_covariates, 3000, discrete=True),
     "groups": HeldOutModel(groups, grouped_covariates, 2000, discrete=False),
