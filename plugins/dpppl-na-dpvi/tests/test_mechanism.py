@@ -275,6 +275,17 @@ def test_by_default_the_curvature_is_released_and_the_rates_wander_bounded_toget
     ) is False
 
 
+def test_which_rates_ran_is_public():
+    def rates(model, **options):
+        return json.loads(sample(model, draws=20, tune=20, **options).attrs["dp_mechanism_attrs"])[
+            "rates"
+        ]
+
+    assert rates(model_of_one_parameter()) == "standardised"
+    assert rates(model_of_one_parameter(), rates="wander-bounded") == "wander-bounded"
+    assert rates(correlated_regression(n_records=400)) == "wander-bounded"  # the release's rates
+
+
 @pytest.mark.parametrize(
     ("n_params", "options", "prior"),
     [
