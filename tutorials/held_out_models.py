@@ -295,20 +295,21 @@ def lognormal(X: np.ndarray, y: np.ndarray) -> pm.Model:
     return model
 
 
-def wide_logistic(X: np.ndarray, y: np.ndarray) -> pm.Model:
+def logistic(X: np.ndarray, y: np.ndarray, w_sd: float) -> pm.Model:
+    """A logistic regression on every column of X, weights ~ N(0, w_sd²)."""
     model, x = _model(X)
     with model:
-        eta = linear_predictor(x, 0.5)
+        eta = linear_predictor(x, w_sd)
         pm.Bernoulli("y", logit_p=eta, observed=y)
     return model
+
+
+def wide_logistic(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    return logistic(X, y, 0.5)
 
 
 def far_logistic(X: np.ndarray, y: np.ndarray) -> pm.Model:
-    model, x = _model(X)
-    with model:
-        eta = linear_predictor(x, 0.3)
-        pm.Bernoulli("y", logit_p=eta, observed=y)
-    return model
+    return logistic(X, y, 0.3)
 
 
 def wide_poisson(X: np.ndarray, y: np.ndarray) -> pm.Model:
