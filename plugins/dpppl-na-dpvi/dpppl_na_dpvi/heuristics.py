@@ -56,7 +56,14 @@ inform A's correlations, so NA-DPVI's ``rates="auto"`` uses these rates exactly 
 (``tutorials/RESULTS.md``, 2026-11-29).
 
 Burn-in.  β_μ and λ are recomputed from the released trace every chunk of steps during the
-burn-in T* and frozen after it, so the post-processing model sees one noise level σC/β.
+burn-in T* and frozen after it, so the post-processing model sees one noise level σC/β.  The
+rates start fast to bring u to q's scale, which the start does not know.  A fast start in μ
+approaches an optimum far from the start, but under strong noise it also throws μ far off, and
+standardised rates bring μ back √Ī times more slowly than u: a 36-parameter logistic regression's
+weights wandered 15 posterior sds within 500 steps and took the whole trace to return; q's
+variance tracks the curvature where they wander, lower there, so the curvature read off it was
+0.6–0.8 of the true one and the posterior 20 % too wide.  So ``capped_start`` holds μ's start to
+``BURN_IN_FACTOR`` times the wander bound (``tutorials/RESULTS.md``, stop 63).
 
 q's variances in the burn-in (wander-bounded rates).  In log-variance u's gradient is
 (v/v* − 1)/2 per unit of curvature, with v* its optimum: it falls fast from above but climbs at
@@ -143,6 +150,9 @@ class StandardisedSchedule:
         noise-aware posterior read the rest.
     equal_rates
         The wander-bounded rates above instead of the standardised ones.
+    capped_start
+        μ's burn-in starts no faster than ``BURN_IN_FACTOR`` times the wander bound
+        (:meth:`start_rate`).
     """
 
     model: RecordModel
@@ -155,6 +165,7 @@ class StandardisedSchedule:
     learning_rate_scale: float | None = None
     settle: bool = True
     equal_rates: bool = False
+    capped_start: bool = False
     last: DPSGDSettings | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -184,15 +195,28 @@ class StandardisedSchedule:
             steps=self.steps,
         )
 
+    def wander_bound(self) -> float:
+        """The largest rate at which the stationary wander of the n μ-coordinates shifts the
+        trace by at most ``WANDER_SCALE`` posterior standard deviations (see above)."""
+        share = self.privacy_noise_share()
+        n_records, n = self.model.n_records, self.model.n_params
+        return 2 * WANDER_SCALE * math.sqrt(n_records * (1 + share)) / (n * self.steps * share)
+
     def final_rate(self) -> float:
         """The relaxation rate after the burn-in: ``FINAL_RATE``, or with ``equal_rates`` less
         where the privacy noise would make the trace wander beyond the wander bound."""
         if not self.equal_rates:
             return FINAL_RATE
-        share = self.privacy_noise_share()
-        n_records, n = self.model.n_records, self.model.n_params
-        bound = 2 * WANDER_SCALE * math.sqrt(n_records * (1 + share)) / (n * self.steps * share)
-        return min(FINAL_RATE, bound)
+        return min(FINAL_RATE, self.wander_bound())
+
+    def start_rate(self, mu: bool = False) -> float:
+        """The burn-in's first rate: ``BURN_IN_FACTOR`` times the final one (at most
+        ``BURN_IN_RATE``); for μ (``mu``) with ``capped_start`` also at most ``BURN_IN_FACTOR``
+        times the wander bound, and never below the final rate."""
+        start = min(BURN_IN_RATE, BURN_IN_FACTOR * self.final_rate())
+        if mu and self.capped_start:
+            start = max(self.final_rate(), min(start, BURN_IN_FACTOR * self.wander_bound()))
+        return start
 
     def bounded_relaxations(self, steps: int) -> float | None:
         """How many relaxation times ``steps`` steps at the final rate span, where the privacy
@@ -205,13 +229,13 @@ class StandardisedSchedule:
         u0 = float(softplus_inverse(self.init_variance))
         return np.concatenate([self.model.initial_point(), np.full(n, u0)])
 
-    def learning_rate_constant(self, progress: float) -> float:
-        """λ_c: the user's, or the one that gives every coordinate its target rate, annealed
-        geometrically from the burn-in's first rate to the final one."""
+    def learning_rate_constant(self, progress: float, mu: bool = False) -> float:
+        """λ_c: the user's, or the one that gives every coordinate (μ's, with ``mu``) its target
+        rate, annealed geometrically from the burn-in's first rate to the final one."""
         if self.learning_rate_scale is not None:
             return self.learning_rate_scale
         final = self.final_rate()
-        start = min(BURN_IN_RATE, BURN_IN_FACTOR * final)
+        start = self.start_rate(mu)
         rate = start * (final / start) ** progress
         d = 2 * self.model.n_params
         lr_heur = 2 * rate / (self.u_preconditioning * self.sampling_rate)
@@ -266,9 +290,15 @@ class StandardisedSchedule:
                 np.full(n, self.u_preconditioning),
             ]
         )
+        constants = np.concatenate(
+            [
+                np.full(n, self.learning_rate_constant(progress, mu=True)),
+                np.full(n, self.learning_rate_constant(progress)),
+            ]
+        )
         lr_heur = (
             math.sqrt(2)
-            * self.learning_rate_constant(progress)
+            * constants
             / (self.noise_multiplier * self.clipping_bound * math.sqrt(self.steps * d))
         )
         self.last = DPSGDSettings(

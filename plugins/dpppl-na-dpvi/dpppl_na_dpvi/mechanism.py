@@ -154,6 +154,19 @@ class NADPVI(Mechanism):
         the trace and the scale reports their residuals; ``tutorials/RESULTS.md``, stop 80).
     burn_in
         T* as a fraction of T (paper's code: 0.2).
+    burn_in_start
+        How fast μ starts the burn-in.  ``"fast"``: at ``BURN_IN_FACTOR`` times the final rate,
+        like u.  ``"capped"``: also at most ``BURN_IN_FACTOR`` times the wander bound
+        (:meth:`dpppl_na_dpvi.heuristics.StandardisedSchedule.start_rate`); u keeps its fast
+        start.  ``"auto"`` (default): ``"capped"`` under standardised rates where the records
+        read only parameters on the real line (the coefficients of a GLM without a scale,
+        shape or dispersion), ``"fast"`` elsewhere; the result's ``dp_mechanism_attrs`` say
+        which ran (``burn_in_start``).  Under strong noise and standardised rates a fast start
+        throws μ tens of posterior sds off, which those rates undo only √Ī times as fast as
+        u, and the trace's curvature is then read where the weights wandered, too low.  Where
+        the records read a scale the fast start is needed: a slow approach leaves the residuals
+        inflated, the scale runs up and the weights' curvature falls, which slows them further
+        (``tutorials/RESULTS.md``, stops 63 and 81).
     anchored
         Fraction of the steps after the burn-in that DP-SGD takes at one fixed point, the mean
         of the free steps before them (after any left out by ``settle``), releasing noisy
@@ -366,6 +379,7 @@ class NADPVI(Mechanism):
         anchored: Annotated[float, Interval(0, 1, high_open=True)] = 0.0
         settle: bool = True
         rates: Literal["auto", "standardised", "wander-bounded"] = "auto"
+        burn_in_start: Literal["auto", "fast", "capped"] = "auto"
         posterior: Literal["noise-aware", "naive"] = "noise-aware"
         inference: Literal["nuts", "laplace"] = "nuts"
         tune: Annotated[int, POSITIVE] = 1000
@@ -509,6 +523,21 @@ class NADPVI(Mechanism):
             if self.rates == "auto":
                 return self.releases_curvature(n_params)
             return self.rates == "wander-bounded"
+
+        def capped_start(self, model: RecordModel) -> bool:
+            """Whether μ's burn-in starts no faster than the wander bound allows: with
+            ``"auto"`` under standardised rates where the records read only parameters on the
+            real line (coefficients), which no transform makes a scale, shape or dispersion."""
+            if self.burn_in_start != "auto":
+                return self.burn_in_start == "capped"
+            if self.wander_bounded_rates(model.n_params):
+                return False
+            read = model.record_parameters
+            return all(
+                block.transform is None
+                for block in model.parameters.blocks
+                if read[block.start : block.stop].any()
+            )
 
         def releases_curvature(self, n_params: int) -> bool:
             """Whether DP-SGD also releases the records' curvature rows: for the released prior
@@ -829,6 +858,7 @@ class NADPVI(Mechanism):
                 learning_rate_scale=o.learning_rate_scale,
                 settle=o.settle,
                 equal_rates=o.wander_bounded_rates(model.n_params),
+                capped_start=o.capped_start(model),
             )
             for _ in datasets
         ]
@@ -919,6 +949,7 @@ class NADPVI(Mechanism):
             "settled_step": settled_step,
             "clipping": o.clipping,
             "rates": "wander-bounded" if schedule.equal_rates else "standardised",
+            "burn_in_start": "capped" if schedule.capped_start else "fast",
         }
         if isinstance(post, LikelihoodDraws):
             # The likelihood model regresses the gradients on the iterates and assumes no

@@ -151,6 +151,38 @@ def test_under_strong_noise_the_final_rate_keeps_the_wander_within_its_bound(mod
     assert first_u == pytest.approx(heuristics.BURN_IN_U_FACTOR * first_mu)
 
 
+def test_a_capped_start_holds_mu_to_ten_times_the_wander_bound_and_leaves_u_fast(model):
+    """Under strong noise the fast start throws μ far off and standardised rates are slow to
+    bring it back; the capped start keeps μ's first rate near the wander bound, never below the
+    final rate, while u keeps its fast start (q's scale is what the start does not know)."""
+    strong = schedule(model, noise_multiplier=300.0, capped_start=True)
+    fast = schedule(model, noise_multiplier=300.0)
+    phi = strong.initial_phi()[None]
+    capped_lr = np.asarray(strong.settings(phi, progress=0.0).learning_rate)
+    fast_lr = np.asarray(fast.settings(phi, progress=0.0).learning_rate)
+    n = model.n_params
+    bound = strong.wander_bound()
+    assert heuristics.FINAL_RATE < bound * heuristics.BURN_IN_FACTOR < heuristics.BURN_IN_RATE
+    assert capped_lr[:n] / fast_lr[:n] == pytest.approx(
+        heuristics.BURN_IN_FACTOR * bound / heuristics.BURN_IN_RATE
+    )
+    np.testing.assert_allclose(capped_lr[n:], fast_lr[n:])
+    # After the burn-in both run at the final rate; under weak noise the cap does not bind.
+    np.testing.assert_allclose(
+        strong.settings(phi, progress=1.0).learning_rate,
+        fast.settings(phi, progress=1.0).learning_rate,
+    )
+    weak = schedule(model, noise_multiplier=1.0, capped_start=True)
+    np.testing.assert_allclose(
+        weak.settings(phi, progress=0.0).learning_rate,
+        schedule(model, noise_multiplier=1.0).settings(phi, progress=0.0).learning_rate,
+    )
+    # Where the bound lies below the final rate, μ starts at the final rate.
+    tight = schedule(model, noise_multiplier=3000.0, capped_start=True)
+    assert tight.wander_bound() * heuristics.BURN_IN_FACTOR < heuristics.FINAL_RATE
+    assert tight.start_rate(mu=True) == heuristics.FINAL_RATE
+
+
 def test_with_equal_rates_u_relaxes_faster_than_mu_only_in_the_burn_in_of_the_rule(model):
     """From below its optimum q's log-variance climbs at most r/2 a step (see the module's
     docstring), so the rule's burn-in gives u ``BURN_IN_U_FACTOR`` times μ's rate."""

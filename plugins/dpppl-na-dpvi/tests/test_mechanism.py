@@ -286,6 +286,49 @@ def test_which_rates_ran_is_public():
     assert rates(correlated_regression(n_records=400)) == "wander-bounded"  # the release's rates
 
 
+def wide_normal_regression(n_covariates=35, n_records=500):
+    """Past 30 parameters, with a noise scale the records read through a log transform."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(n_records, n_covariates))
+    with pm.Model() as m:
+        X = pm.Data("X", x)
+        w = pm.Normal("w", 0, 0.5, shape=n_covariates)
+        s = pm.HalfNormal("s", 1)
+        pm.Normal("y", X @ w, s, observed=rng.normal(size=n_records))
+    return m
+
+
+@pytest.mark.parametrize(
+    ("build", "options", "capped"),
+    [
+        (lambda: wide_logistic_regression(np.random.default_rng(0)), {}, True),
+        (lambda: wide_logistic_regression(np.random.default_rng(0)), {"burn_in_start": "fast"},
+         False),
+        # The records read a scale: a slow approach inflates the residuals, the scale runs up
+        # and the weights' curvature falls, so their approach needs the fast start.
+        (wide_normal_regression, {}, False),
+        (model_of_one_parameter, {}, False),  # p is read through its log-odds transform
+        (model_of_one_parameter, {"burn_in_start": "capped"}, True),
+        # Wander-bounded rates (the released curvature) already start μ within the bound.
+        (lambda: wide_logistic_regression(np.random.default_rng(0), n_covariates=5), {}, False),
+    ],
+)
+def test_the_burn_in_caps_mus_start_under_standardised_rates_where_records_read_coefficients(
+    build, options, capped
+):
+    o = get_mechanism("na-dpvi")(**options).options
+    assert o.capped_start(record_model(build())) is capped
+
+
+def test_the_burn_ins_start_is_public():
+    def start(**options):
+        attrs = sample(model_of_one_parameter(), draws=20, tune=20, **options).attrs
+        return json.loads(attrs["dp_mechanism_attrs"])["burn_in_start"]
+
+    assert start() == "fast"
+    assert start(burn_in_start="capped") == "capped"
+
+
 @pytest.mark.parametrize(
     ("n_params", "options", "prior"),
     [
