@@ -850,6 +850,14 @@ class NADPVI(Mechanism):
         o = self.options
         grid = plan.details["grid"] if o.noise == "snapped" else None
         keys = [jax.random.split(jax_key(seed), 3) for seed in seeds]
+        # Every data set shares the model's structure, so the rules are decided once.
+        rules = {
+            "clipping_bound": self._clipping_bound(
+                model.n_params, model.n_records, plan.noise_multiplier
+            ),
+            "equal_rates": o.wander_bounded_rates(model.n_params),
+            "capped_start": o.capped_start(model),
+        }
         schedules = [
             StandardisedSchedule(
                 model,
@@ -857,14 +865,10 @@ class NADPVI(Mechanism):
                 sampling_rate=o.sampling_rate,
                 steps=o.steps,
                 burn_in_steps=o.burn_in_steps,
-                clipping_bound=self._clipping_bound(
-                    model.n_params, model.n_records, plan.noise_multiplier
-                ),
                 u_preconditioning=o.preconditioning,
                 learning_rate_scale=o.learning_rate_scale,
                 settle=o.settle,
-                equal_rates=o.wander_bounded_rates(model.n_params),
-                capped_start=o.capped_start(model),
+                **rules,
             )
             for _ in datasets
         ]
