@@ -23,7 +23,8 @@ records' outcomes y; its priors generate the truths that TARP checks.
   N = 3000), ``wide_regression`` (normal with unknown scale, 40 covariates, N = 2000),
   ``far_logistic`` (32 standard normal covariates, N = 8000, so that the weights' prior puts
   them about 12 exact posterior sds from the trace's start where ``wide_logistic``'s are 5;
-  stop 80).
+  stop 80), ``probit_wide`` (34 covariates with Toeplitz correlation 0.3^|i-j|, N = 3000;
+  written after stop 81's burn-in gate was chosen, to check it).
 
 A TARP study (K simulated data sets, one private fit each)::
 
@@ -116,6 +117,10 @@ def toeplitz(rng: np.random.Generator, n: int, size: int, correlation: float) ->
     """``n`` records of ``size`` covariates with sd 0.5 and correlation ``correlation``^|i-j|."""
     lags = np.abs(np.subtract.outer(np.arange(size), np.arange(size)))
     return 0.5 * rng.multivariate_normal(np.zeros(size), correlation**lags, n)
+
+
+def probit_wide_covariates(rng: np.random.Generator) -> np.ndarray:
+    return toeplitz(rng, 3000, 34, 0.3)
 
 
 def mid_logistic_covariates(rng: np.random.Generator) -> np.ndarray:
@@ -329,6 +334,14 @@ def wide_regression(X: np.ndarray, y: np.ndarray) -> pm.Model:
     return model
 
 
+def probit_wide(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    model, x = _model(X)
+    with model:
+        eta = linear_predictor(x, 0.3)
+        pm.Bernoulli("y", p=pm.math.invprobit(eta), observed=y)
+    return model
+
+
 def mid_logistic(X: np.ndarray, y: np.ndarray) -> pm.Model:
     return wide_logistic(X, y)
 
@@ -371,6 +384,7 @@ MODELS = {
     "wide_poisson": HeldOutModel(wide_poisson, toeplitz_covariates, 3000, discrete=True),
     "wide_regression": HeldOutModel(wide_regression, regression_covariates, 2000, discrete=False),
     "far_logistic": HeldOutModel(far_logistic, far_logistic_covariates, 8000, discrete=True),
+    "probit_wide": HeldOutModel(probit_wide, probit_wide_covariates, 3000, discrete=True),
     "mid_logistic": HeldOutModel(mid_logistic, mid_logistic_covariates, 5000, discrete=True),
     "mid_poisson": HeldOutModel(mid_poisson, mid_poisson_covariates, 3000, discrete=True),
     "groups": HeldOutModel(groups, grouped_covariates, 2000, discrete=False),
