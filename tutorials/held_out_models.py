@@ -181,12 +181,17 @@ def gamma(X: np.ndarray, y: np.ndarray) -> pm.Model:
     return model
 
 
-def probit(X: np.ndarray, y: np.ndarray) -> pm.Model:
+def probit_regression(X: np.ndarray, y: np.ndarray, w_sd: float) -> pm.Model:
+    """A probit regression on every column of X, weights ~ N(0, w_sd²)."""
     model, x = _model(X)
     with model:
-        eta = linear_predictor(x, 0.5)
+        eta = linear_predictor(x, w_sd)
         pm.Bernoulli("y", p=pm.math.invprobit(eta), observed=y)
     return model
+
+
+def probit(X: np.ndarray, y: np.ndarray) -> pm.Model:
+    return probit_regression(X, y, 0.5)
 
 
 def beta(X: np.ndarray, y: np.ndarray) -> pm.Model:
@@ -335,11 +340,7 @@ def wide_regression(X: np.ndarray, y: np.ndarray) -> pm.Model:
 
 
 def probit_wide(X: np.ndarray, y: np.ndarray) -> pm.Model:
-    model, x = _model(X)
-    with model:
-        eta = linear_predictor(x, 0.3)
-        pm.Bernoulli("y", p=pm.math.invprobit(eta), observed=y)
-    return model
+    return probit_regression(X, y, 0.3)
 
 
 def mid_logistic(X: np.ndarray, y: np.ndarray) -> pm.Model:

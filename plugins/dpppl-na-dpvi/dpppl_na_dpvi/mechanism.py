@@ -151,8 +151,8 @@ class NADPVI(Mechanism):
         capped start, calibrate the two logistic ones too but leave the Poisson's intercept
         biased) and a 35-parameter probit regression's intercept, not its weights, which
         past 30 parameters are about 10 % too narrow wherever the covariates correlate (0.104;
-        mean-field q's conditional variances), but on UCI Adult the trace then locates the weights less, better calibrated at
-        ε = 1 and worse at ε = 0.3; where the records also read a noise scale it biases the
+        mean-field q's conditional variances), but on UCI Adult the trace then locates the
+        weights less, better calibrated at ε = 1 and worse at ε = 0.3; where the records also read a noise scale it biases the
         scale (the weights do not arrive within the trace and the scale reports their
         residuals; ``tutorials/RESULTS.md``, stops 80 to 82).
     burn_in
@@ -172,8 +172,8 @@ class NADPVI(Mechanism):
         Measured at K = 100, ε = 1: held-out logistic regressions of 36 and 33 parameters
         0.149 → 0.047 and 0.053 → 0.036 (calibrated), a 33-parameter Poisson regression 0.053
         → 0.062 (its intercept less biased, still not calibrated), a 35-parameter probit
-        regression, held out, not calibrated either way (0.117 → 0.112); UCI Adult's calibration RMSE
-        82 → 61 at ε = 0.1 (the paper's 61), 27 and 24 at ε = 0.3 and 1
+        regression, held out, not calibrated either way (0.117 → 0.112); UCI Adult's
+        calibration RMSE 82 → 61 at ε = 0.1 (the paper's 61), 27 and 24 at ε = 0.3 and 1
         (``tutorials/RESULTS.md``, stops 63 and 81).
     anchored
         Fraction of the steps after the burn-in that DP-SGD takes at one fixed point, the mean
