@@ -189,7 +189,11 @@ class NADPVI(Mechanism):
         the anchor lies outside the linear regime, its one linear extrapolation overshoots
         (0.241).  With ``inference="laplace"`` (η = 2) it took the joint RMSE from 0.240 to
         0.051 at ε = 1 and gave 0.086 at ε = 0.1, but at ε = 0.3 a Laplace draw overflowed
-        (``tutorials/RESULTS.md``).  Ignored by ``posterior="naive"``, the last iterate.
+        (``tutorials/RESULTS.md``).  Past 30 parameters (ε = 1, 30 data sets each) 0.5 put a
+        35-parameter probit regression's intercept and weights and a 33-parameter Poisson
+        regression's weights at their intervals' nominal coverage, which the defaults miss,
+        but doubled UCI Adult's calibration RMSE at ε = 0.3 (``tutorials/RESULTS.md``, stop
+        83).  Ignored by ``posterior="naive"``, the last iterate.
     settle
         Leave out the first tenths of the free steps while they still drift (at most half of
         them; see :func:`dpppl_na_dpvi.convergence.settled_start`): the noise-aware posterior
@@ -325,7 +329,9 @@ class NADPVI(Mechanism):
         diagonal A and mean-field q, coefficients of correlated covariates are too narrow by
         their marginal over conditional sd: about 10 % in held-out probit and Poisson
         regressions of 33–35 parameters (covariates correlated 0.3^|i−j|; 90 % intervals held
-        85 %, at ε = 1 and ε = 30 alike; ``tutorials/RESULTS.md``, stop 82).
+        85 %, at ε = 1 and ε = 30 alike; ``tutorials/RESULTS.md``, stop 82).  Releasing the
+        curvature there for a linear-response covariance did not help at ε = 1: a released
+        correlation's noise grows as n/(Nε), about 0.4 for that probit regression (stop 83).
     noise
         How the noisy gradient sums are released.  ``"snapped"`` (default): hardened against
         floating-point attacks; each clipped gradient is rounded to a power-of-two grid g, the
