@@ -459,8 +459,8 @@ def test_the_slab_keeps_the_prior_normalised_and_only_widens_the_entries_it_is_g
 @pytest.mark.xfail(
     strict=True,
     reason="known: the slab is set on canonical partial correlations, which favours the first "
-    "coordinate's correlations; an exchangeable form (branch exchangeable-slab) measured neutral "
-    "on the class studies and is not the default (tutorials/RESULTS.md, stop 77)",
+    "coordinate's correlations; an exchangeable form measured neutral on the class studies and "
+    "is not the default (tutorials/RESULTS.md, stop 77)",
 )
 @pytest.mark.parametrize("barrier", [None, 2.0])
 def test_the_slab_treats_every_coordinate_alike(barrier):
