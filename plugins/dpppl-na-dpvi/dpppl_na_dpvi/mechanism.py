@@ -152,9 +152,9 @@ class NADPVI(Mechanism):
         biased) and a 35-parameter probit regression's intercept, not its weights, which
         past 30 parameters are about 10 % too narrow wherever the covariates correlate (0.104;
         mean-field q's conditional variances), but on UCI Adult the trace then locates the
-        weights less, better calibrated at ε = 1 and worse at ε = 0.3; where the records also read a noise scale it biases the
-        scale (the weights do not arrive within the trace and the scale reports their
-        residuals; ``tutorials/RESULTS.md``, stops 80 to 82).
+        weights less, better calibrated at ε = 1 and worse at ε = 0.3; where the records also
+        read a noise scale it biases the scale (the weights do not arrive within the trace and
+        the scale reports their residuals; ``tutorials/RESULTS.md``, stops 80 to 82).
     burn_in
         T* as a fraction of T (paper's code: 0.2).
     burn_in_start
