@@ -216,9 +216,11 @@ def test_nuts_warms_up_and_draws_exactly_as_blackjax_window_adaptation_then_nuts
         return -0.5 * jnp.sum((x / scales) ** 2) - jnp.sum(jnp.log1p(x**2)) * 0.1
 
     key, start, tune, draws = jax.random.key(3), jnp.array([1.0, -2.0, 5.0]), 150, 40
+    inverse_mass = postprocess._curvature_scaled_inverse_mass(logdensity, start)
     drawn, stats = jax.jit(
         lambda k: postprocess._adapted_nuts(
-            logdensity, start, k, tune=tune, draws=draws, target_accept=0.9
+            logdensity, start, k, inverse_mass=inverse_mass, tune=tune, draws=draws,
+            target_accept=0.9,
         )
     )(key)
 
@@ -226,9 +228,7 @@ def test_nuts_warms_up_and_draws_exactly_as_blackjax_window_adaptation_then_nuts
         key_warmup, key_sample = jax.random.split(k)
         warmup = blackjax.window_adaptation(
             blackjax.nuts, logdensity, target_acceptance_rate=0.9,
-            initial_inverse_mass_matrix=postprocess._curvature_scaled_inverse_mass(
-                logdensity, start
-            ),
+            initial_inverse_mass_matrix=inverse_mass,
             adaptation_info_fn=blackjax.adaptation.base.get_filter_adapt_info_fn(),
         )
         (state, parameters), _ = warmup.run(key_warmup, start, num_steps=tune)
