@@ -1133,10 +1133,10 @@ def _adapted_nuts(
     from a step size of 1, its schedule), step for step and with the same random keys, rebuilt
     from its public parts, its first window starting from the diagonal ``inverse_mass``
     (blackjax's ``initial_inverse_mass_matrix``; :func:`_curvature_scaled_inverse_mass` for
-    the post-processing) rather than the identity.  ``window_adaptation.run`` scans a kernel of its own, so warming up
-    with it and then sampling traced and compiled NUTS twice: the centred varying intercepts'
-    single-fit sampler took 7.1 s to trace and 7.8 s to compile that way, 5.6 and 6.7 s with
-    one kernel (2026-12-05).
+    the post-processing) rather than the identity.  ``window_adaptation.run`` scans a kernel of
+    its own, so warming up with it and then sampling traced and compiled NUTS twice: the
+    centred varying intercepts' single-fit sampler took 7.1 s to trace and 7.8 s to compile
+    that way, 5.6 and 6.7 s with one kernel (2026-12-05).
     """
     kernel = blackjax.nuts.build_kernel()
     mm_init, mm_update, mm_final = blackjax.adaptation.mass_matrix.mass_matrix_adaptation(
