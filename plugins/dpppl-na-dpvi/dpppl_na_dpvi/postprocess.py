@@ -1134,10 +1134,10 @@ def _adapted_nuts(
     (``metric="fisher_diag"``; Stan's schedule, dual averaging from a step size of 1), step for
     step and with the same random keys, rebuilt from its public parts, its first window starting
     from the diagonal ``inverse_mass`` (:func:`_curvature_scaled_inverse_mass` for the
-    post-processing) rather than the identity.  ``staged_adaptation.run`` scans a kernel of its
-    own, so warming up with it and then sampling traced and compiled NUTS twice: the centred
-    varying intercepts' single-fit sampler took 7.1 s to trace and 7.8 s to compile that way,
-    5.6 and 6.7 s with one kernel (2026-12-05).
+    post-processing) rather than the identity.  blackjax's warm-up scans a kernel of its own, so
+    warming up with it and then sampling traced and compiled NUTS twice: the centred varying
+    intercepts' single-fit sampler took 7.1 s to trace and 7.8 s to compile that way (its
+    ``window_adaptation``), 5.6 and 6.7 s with one kernel (2026-12-05).
 
     Each window's diagonal is √(Var x / Var ∇log p) of its draws (the Fisher-divergence
     estimator of Seyboldt et al., nutpie's), not Stan's Var x: for a Gaussian it is the geometric
