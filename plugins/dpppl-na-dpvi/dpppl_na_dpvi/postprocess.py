@@ -1111,7 +1111,7 @@ def _curvature_scaled_inverse_mass(
     trajectories run to the tree's depth of 10 on the wide ones: the first 75 transitions of a
     4-parameter logistic regression's post-processing took 13,000-21,000 leapfrog steps, more
     than its 500 draws (about 5,000), and 900-1,500 from the curvature (2026-12-06).  Later
-    windows estimate the mass matrix from their draws as before.
+    windows estimate it from their draws and their gradients (:func:`_adapted_nuts`).
     """
     curvature = -jnp.diag(jax.hessian(logdensity)(position))
     return jnp.where(jnp.isfinite(curvature) & (curvature > 0), 1 / curvature, 1.0)
